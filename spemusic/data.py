@@ -1,0 +1,329 @@
+"""Token dataset cache: MIDI folder -> compact numpy arrays + JSON index, and training windows.
+
+Layout of a cache directory:
+    index.json   tokenizer config + fingerprint, one entry per file (path, split, offset, length,
+                 size and mtime for reuse), skipped files with reasons, per-split token counts
+    tokens.npy   every file's token ids concatenated (uint16 when the vocabulary fits)
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+import os
+import tempfile
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .errors import MidiError, SpemusicError
+from .tokenizer import REMITokenizer, TokenizerConfig
+
+SPLITS = ("train", "valid", "test")
+MIDI_SUFFIXES = {".mid", ".midi"}
+INDEX_VERSION = 1
+
+
+def find_midi_files(folder: Path) -> list[Path]:
+    """All MIDI files under `folder`, recursively (.mid/.midi, any case), in a stable order."""
+    return sorted(p for p in folder.rglob("*") if p.suffix.lower() in MIDI_SUFFIXES and p.is_file())
+
+
+def hash_split(relpath: str, valid_percent: int = 5, test_percent: int = 5) -> str:
+    """Deterministic split from a hash of the relative path: stable when files are added."""
+    bucket = int(hashlib.sha1(relpath.encode()).hexdigest()[:8], 16) % 100
+    if bucket < test_percent:
+        return "test"
+    if bucket < test_percent + valid_percent:
+        return "valid"
+    return "train"
+
+
+def read_split_csv(csv_path: Path) -> dict[str, str]:
+    """Map relative MIDI path -> split from a CSV with `midi_filename` and `split` columns
+    (the Groove MIDI Dataset's info.csv). 'validation' is read as 'valid'."""
+    try:
+        with open(csv_path, newline="") as f:
+            rows = list(csv.DictReader(f))
+    except OSError as e:
+        raise SpemusicError(f"{csv_path}: cannot read split CSV ({e.strerror})") from None
+    if not rows or "midi_filename" not in rows[0] or "split" not in rows[0]:
+        raise SpemusicError(f"{csv_path}: split CSV needs 'midi_filename' and 'split' columns")
+    aliases = {"validation": "valid", "val": "valid", "dev": "valid"}
+    out = {}
+    for row in rows:
+        split = aliases.get(row["split"].strip().lower(), row["split"].strip().lower())
+        if split not in SPLITS:
+            raise SpemusicError(f"{csv_path}: unknown split {row['split']!r} for {row['midi_filename']}")
+        out[row["midi_filename"].strip()] = split
+    return out
+
+
+def default_cache_dir(midi_dir: Path, config: TokenizerConfig) -> Path:
+    """Where `train` keeps the cache of a MIDI folder when none is named: the data may be read-only."""
+    root = Path(os.environ.get("SPEMUSIC_CACHE", Path.home() / ".cache" / "spemusic"))
+    key = hashlib.sha1(str(midi_dir.resolve()).encode()).hexdigest()[:10]
+    return root / "datasets" / f"{midi_dir.resolve().name}-{key}-{config.fingerprint()}"
+
+
+_worker_tokenizer: REMITokenizer | None = None
+
+
+def _init_worker(config_dict: dict) -> None:
+    global _worker_tokenizer
+    _worker_tokenizer = REMITokenizer(TokenizerConfig.from_dict(config_dict))
+
+
+def _encode_one(path: str) -> tuple[str, np.ndarray | None, str | None]:
+    try:
+        return path, _worker_tokenizer.encode(path), None
+    except MidiError as e:
+        return path, None, str(e)
+    except Exception as e:  # noqa: BLE001 - one odd file must not stop a whole collection
+        return path, None, f"{path}: {type(e).__name__}: {e}".splitlines()[0]
+
+
+@dataclass
+class TokenCache:
+    """A prepared dataset: token ids of every file, by split."""
+
+    path: Path
+    index: dict
+    tokens: np.ndarray
+
+    @property
+    def tokenizer(self) -> REMITokenizer:
+        return REMITokenizer(TokenizerConfig.from_dict(self.index["tokenizer"]))
+
+    def files(self, split: str) -> list[dict]:
+        if split == "all":
+            return list(self.index["files"])
+        return [f for f in self.index["files"] if f["split"] == split]
+
+    def sequences(self, split: str) -> list[np.ndarray]:
+        return [self.tokens[f["offset"]: f["offset"] + f["length"]] for f in self.files(split)]
+
+    @classmethod
+    def load(cls, path: Path) -> "TokenCache":
+        path = Path(path)
+        index_path = path / "index.json"
+        if not index_path.is_file():
+            raise SpemusicError(f"{path}: not a spemusic data cache (no index.json)")
+        try:
+            index = json.loads(index_path.read_text())
+            if index.get("format") != "spemusic-cache" or index.get("version") != INDEX_VERSION:
+                raise ValueError("unknown format")
+            tokens = np.load(path / "tokens.npy", mmap_mode="r")
+        except (ValueError, KeyError, OSError) as e:
+            raise SpemusicError(f"{path}: broken data cache ({e}); delete it and run `spemusic data prepare` again") from None
+        return cls(path, index, tokens)
+
+
+def _file_key(p: Path) -> list:
+    st = p.stat()
+    return [st.st_size, int(st.st_mtime)]
+
+
+def prepare(
+    midi_dir: Path,
+    cache_dir: Path,
+    config: TokenizerConfig | None = None,
+    split_csv: Path | None = None,
+    workers: int | None = None,
+    progress=None,
+) -> tuple[TokenCache, bool]:
+    """Tokenize every MIDI file under `midi_dir` into `cache_dir`. Returns (cache, reused).
+
+    Re-running on an unchanged folder with the same tokenizer config reuses the cache. A cache made
+    with another tokenizer config is never reused (the fingerprint is part of the index)."""
+    midi_dir, cache_dir = Path(midi_dir), Path(cache_dir)
+    config = config or TokenizerConfig()
+    if not midi_dir.is_dir():
+        raise SpemusicError(f"{midi_dir}: no such folder")
+    files = find_midi_files(midi_dir)
+    if not files:
+        raise SpemusicError(f"{midi_dir}: no MIDI files (.mid, .midi) found")
+    if split_csv is None and (midi_dir / "info.csv").is_file():
+        split_csv = midi_dir / "info.csv"
+    splits_by_path = read_split_csv(split_csv) if split_csv else None
+    rel = [p.relative_to(midi_dir).as_posix() for p in files]
+    keys = {r: _file_key(p) for r, p in zip(rel, files)}
+    csv_key = hashlib.sha1(Path(split_csv).read_bytes()).hexdigest() if split_csv else None
+
+    if (cache_dir / "index.json").is_file():
+        try:
+            old = TokenCache.load(cache_dir)
+        except SpemusicError:
+            old = None
+        if old is not None:
+            if old.index["fingerprint"] != config.fingerprint():
+                raise SpemusicError(
+                    f"{cache_dir}: holds a cache made with another tokenizer config; choose another folder")
+            if old.index["source_keys"] == keys and old.index.get("split_csv_sha1") == csv_key:
+                return old, True
+
+    tokenizer = REMITokenizer(config)
+    workers = workers or min(os.cpu_count() or 1, 8)
+    results: dict[str, tuple[np.ndarray | None, str | None]] = {}
+    paths = [str(p) for p in files]
+    if progress is not None:
+        task = progress.add_task("tokenizing", total=len(paths))
+    if workers > 1 and len(paths) > 8:
+        with ProcessPoolExecutor(workers, initializer=_init_worker, initargs=(config.to_dict(),)) as pool:
+            for path, ids, err in pool.map(_encode_one, paths, chunksize=16):
+                results[path] = (ids, err)
+                if progress is not None:
+                    progress.advance(task)
+    else:
+        _init_worker(config.to_dict())
+        for path in paths:
+            _, ids, err = _encode_one(path)
+            results[path] = (ids, err)
+            if progress is not None:
+                progress.advance(task)
+
+    entries, skipped, arrays, offset = [], [], [], 0
+    for r, p in zip(rel, paths):
+        ids, err = results[p]
+        if ids is None:
+            skipped.append({"path": r, "reason": err.replace(p, r) if err else "unknown error"})
+            continue
+        if splits_by_path is not None:
+            split = splits_by_path.get(r)
+            if split is None:
+                skipped.append({"path": r, "reason": f"not listed in {Path(split_csv).name}"})
+                continue
+        else:
+            split = hash_split(r)
+        entries.append({"path": r, "split": split, "offset": offset, "length": int(len(ids))})
+        arrays.append(ids)
+        offset += len(ids)
+    if not entries:
+        raise SpemusicError(f"{midi_dir}: none of the {len(files)} MIDI files could be tokenized")
+
+    dtype = np.uint16 if len(tokenizer) < 2**16 else np.int32
+    tokens = np.concatenate(arrays).astype(dtype)
+    counts = {s: {"files": 0, "tokens": 0} for s in SPLITS}
+    for e in entries:
+        counts[e["split"]]["files"] += 1
+        counts[e["split"]]["tokens"] += e["length"]
+    used = np.unique(tokens)
+    index = {
+        "format": "spemusic-cache",
+        "version": INDEX_VERSION,
+        "source": str(midi_dir.resolve()),
+        "tokenizer": config.to_dict(),
+        "fingerprint": config.fingerprint(),
+        "vocab_size": len(tokenizer),
+        "vocab_used": int(len(used)),
+        "split_csv": str(split_csv) if split_csv else None,
+        "split_csv_sha1": csv_key,
+        "splits": counts,
+        "files": entries,
+        "skipped": skipped,
+        "source_keys": keys,
+    }
+    _write_cache_atomically(cache_dir, tokens, index)
+    return TokenCache(cache_dir, index, np.load(cache_dir / "tokens.npy", mmap_mode="r")), False
+
+
+def _write_cache_atomically(cache_dir: Path, tokens: np.ndarray, index: dict) -> None:
+    """tokens.npy first, index.json last (each via a temporary name + rename): a cache with an
+    index is always complete."""
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    (cache_dir / "index.json").unlink(missing_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=cache_dir, suffix=".npy.tmp")
+    with os.fdopen(fd, "wb") as f:
+        np.save(f, tokens)
+    os.replace(tmp, cache_dir / "tokens.npy")
+    fd, tmp = tempfile.mkstemp(dir=cache_dir, suffix=".json.tmp")
+    with os.fdopen(fd, "w") as f:
+        json.dump(index, f)
+    os.replace(tmp, cache_dir / "index.json")
+
+
+def open_dataset(data: Path, config: TokenizerConfig | None = None, progress=None) -> TokenCache:
+    """DATA is a prepared cache or a MIDI folder (prepared on the fly into the default cache dir)."""
+    data = Path(data)
+    if (data / "index.json").is_file():
+        return TokenCache.load(data)
+    if not data.exists():
+        raise SpemusicError(f"{data}: no such file or folder")
+    if not data.is_dir():
+        raise SpemusicError(f"{data}: expected a folder of MIDI files or a data cache")
+    config = config or TokenizerConfig()
+    cache, _ = prepare(data, default_cache_dir(data, config), config, progress=progress)
+    return cache
+
+
+class WindowSampler:
+    """Training windows of `seq_len + 1` tokens starting at bar boundaries (or at the piece's BOS),
+    drawn uniformly over all bar starts of a split, padded with PAD at the end of a piece, with
+    random transposition of pitched notes (drums untouched, pitches kept in range)."""
+
+    def __init__(self, cache: TokenCache, split: str, seq_len: int, max_transpose: int = 6):
+        self.tokenizer = cache.tokenizer
+        self.seq_len = seq_len
+        self.max_transpose = max_transpose
+        self.sequences = [np.asarray(s, dtype=np.int64) for s in cache.sequences(split)]
+        if not self.sequences:
+            raise SpemusicError(f"{cache.path}: the {split} split is empty")
+        starts = []
+        bar = self.tokenizer.bar_id
+        for i, seq in enumerate(self.sequences):
+            s = np.concatenate([[0], np.flatnonzero(seq == bar)])
+            starts.append(np.stack([np.full_like(s, i), s], axis=1))
+        self.starts = np.concatenate(starts)
+        self.pitch_lo, self.pitch_hi = self.tokenizer.range("Pitch")
+
+    def window(self, seq_index: int, start: int) -> np.ndarray:
+        out = np.full(self.seq_len + 1, self.tokenizer.pad_id, dtype=np.int64)
+        piece = self.sequences[seq_index][start: start + self.seq_len + 1]
+        out[: len(piece)] = piece
+        return out
+
+    def transpose(self, window: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        if self.max_transpose == 0:
+            return window
+        is_pitch = (window >= self.pitch_lo) & (window < self.pitch_hi)
+        # a Pitch token follows its Program token: pitched notes are those not after Program_drums
+        prev = np.concatenate([[-1], window[:-1]])
+        pitched = is_pitch & (prev != self.tokenizer.drum_program_id)
+        if not pitched.any():
+            return window
+        pitches = window[pitched] - self.pitch_lo
+        lo = max(-self.max_transpose, -int(pitches.min()))
+        hi = min(self.max_transpose, 127 - int(pitches.max()))
+        shift = int(rng.integers(lo, hi + 1))
+        out = window.copy()
+        out[pitched] += shift
+        return out
+
+    def sample(self, rng: np.random.Generator, batch_size: int, augment: bool = True) -> np.ndarray:
+        picks = rng.integers(0, len(self.starts), size=batch_size)
+        batch = [self.window(*self.starts[p]) for p in picks]
+        if augment:
+            batch = [self.transpose(w, rng) for w in batch]
+        return np.stack(batch)
+
+
+def fixed_windows(cache: TokenCache, split: str, seq_len: int, max_windows: int = 64) -> np.ndarray:
+    """Deterministic evaluation windows: consecutive `seq_len + 1`-token windows from the start of
+    each piece (one token of overlap so that every token is a target once), PAD-filled at the end."""
+    tok = cache.tokenizer
+    windows = []
+    for seq in cache.sequences(split):
+        seq = np.asarray(seq, dtype=np.int64)
+        for start in range(0, max(len(seq) - 1, 1), seq_len):
+            w = np.full(seq_len + 1, tok.pad_id, dtype=np.int64)
+            piece = seq[start: start + seq_len + 1]
+            w[: len(piece)] = piece
+            windows.append(w)
+    if not windows:
+        raise SpemusicError(f"{cache.path}: the {split} split is empty")
+    # spread the chosen windows over the whole split, not just its first pieces
+    picks = np.linspace(0, len(windows) - 1, num=min(max_windows, len(windows))).round().astype(int)
+    return np.stack([windows[i] for i in np.unique(picks)])

@@ -1,0 +1,161 @@
+"""The REMI grammar as a finite-state machine: which tokens may come next.
+
+Sampling masks every other token, so every generated sequence is valid by construction and,
+because the grammar is exactly what the tokenizer writes, re-tokenizes to itself:
+
+    BOS  (Bar [TimeSig] (Position [Tempo] (Program Pitch Velocity [Duration])+ )* )*  EOS
+
+- TimeSig right after the first Bar (required) and after a later Bar only when it changes;
+- Position strictly increasing inside a bar and inside the bar's length;
+- Tempo required at the first Position of the piece, later only when it changes;
+- notes at one Position sorted by (program, pitch), no duplicate; Duration only for pitched
+  programs (drums have none).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .tokenizer import REMITokenizer
+
+START, BOS, BAR, TIMESIG, POSITION, TEMPO, PROGRAM, PITCH, VELOCITY, NOTE_END, EOS = range(11)
+
+
+@dataclass
+class GrammarState:
+    last: int = START
+    bars: int = 0
+    pos: int = -1                 # last Position in this bar (-1: none yet)
+    bar_len: int = 0              # steps in the current bar
+    timesig: int = -1             # current TimeSig id
+    tempo: int = -1               # current Tempo id
+    program: int = -1             # Program id of the note being written
+    last_note: tuple = field(default=(-1, -1))  # (program id, pitch id) of the last note at this Position
+    eos: bool = False
+
+
+class REMIGrammar:
+    def __init__(self, tokenizer: REMITokenizer):
+        self.tok = tokenizer
+        self.V = len(tokenizer)
+        r = tokenizer.range
+        self.ts_lo, self.ts_hi = r("TimeSig")
+        self.pos_lo, self.pos_hi = r("Position")
+        self.tempo_lo, self.tempo_hi = r("Tempo")
+        self.prog_lo, self.prog_hi = r("Program")
+        self.pitch_lo, self.pitch_hi = r("Pitch")
+        self.vel_lo, self.vel_hi = r("Velocity")
+        self.dur_lo, self.dur_hi = r("Duration")
+        self.drum = tokenizer.drum_program_id
+        res = tokenizer.config.beat_resolution
+        self.bar_steps = {}
+        for i in range(self.ts_lo, self.ts_hi):
+            num, den = tokenizer.vocab[i].split("_", 1)[1].split("/")
+            self.bar_steps[i] = int(round(int(num) * 4 / int(den) * res))
+        self.default_bar = 4 * res
+        self.kind_of = np.full(self.V, -1, dtype=np.int64)
+        for kind, (lo, hi) in {TIMESIG: (self.ts_lo, self.ts_hi), POSITION: (self.pos_lo, self.pos_hi),
+                               TEMPO: (self.tempo_lo, self.tempo_hi), PROGRAM: (self.prog_lo, self.prog_hi),
+                               PITCH: (self.pitch_lo, self.pitch_hi), VELOCITY: (self.vel_lo, self.vel_hi),
+                               NOTE_END: (self.dur_lo, self.dur_hi)}.items():
+            self.kind_of[lo:hi] = kind
+        self.kind_of[tokenizer.bos_id] = BOS
+        self.kind_of[tokenizer.bar_id] = BAR
+        self.kind_of[tokenizer.eos_id] = EOS
+
+    def allowed(self, st: GrammarState, allow_eos: bool = True, allow_bar: bool = True) -> np.ndarray:
+        m = np.zeros(self.V, dtype=bool)
+        tok = self.tok
+        if st.eos:
+            m[tok.pad_id] = True
+            return m
+        last = st.last
+        if last == START:
+            m[tok.bos_id] = True
+        elif last == BOS:
+            m[tok.bar_id] = True
+        elif last == BAR and st.bars == 1:
+            m[self.ts_lo:self.ts_hi] = True
+            self._forbid_long_bars(m)
+        elif last in (BAR, TIMESIG, NOTE_END):
+            if last == BAR:
+                m[self.ts_lo:self.ts_hi] = True
+                self._forbid_long_bars(m)
+                if st.timesig >= 0:
+                    m[st.timesig] = False
+            m[self.pos_lo + st.pos + 1: self.pos_lo + st.bar_len] = True
+            m[tok.bar_id] = allow_bar
+            m[tok.eos_id] = allow_eos and last == NOTE_END  # a trailing empty bar would not round-trip
+            if last == NOTE_END:
+                prog, pitch = st.last_note
+                m[prog:self.prog_hi] = True
+                if pitch == self.pitch_hi - 1:
+                    m[prog] = False  # no higher pitch left for this program here
+        elif last == POSITION:
+            m[self.tempo_lo:self.tempo_hi] = True
+            if st.tempo >= 0:
+                m[st.tempo] = False
+                m[self.prog_lo:self.prog_hi] = True
+        elif last == TEMPO:
+            m[self.prog_lo:self.prog_hi] = True
+        elif last == PROGRAM:
+            prog, pitch = st.last_note
+            lo = pitch + 1 if prog == st.program else self.pitch_lo
+            m[lo:self.pitch_hi] = True
+        elif last == PITCH:
+            m[self.vel_lo:self.vel_hi] = True
+        elif last == VELOCITY:
+            m[self.dur_lo:self.dur_hi] = True
+        return m
+
+    def _forbid_long_bars(self, m: np.ndarray) -> None:
+        for i, steps in self.bar_steps.items():
+            if steps > self.pos_hi - self.pos_lo:
+                m[i] = False
+
+    def advance(self, st: GrammarState, token: int) -> None:
+        kind = int(self.kind_of[token]) if 0 <= token < self.V else -1
+        if token == self.tok.pad_id or kind == -1:
+            return
+        if kind == BOS:
+            st.last = BOS
+        elif kind == BAR:
+            st.bars += 1
+            st.pos = -1
+            st.bar_len = self.bar_steps.get(st.timesig, self.default_bar)
+            st.last = BAR
+        elif kind == TIMESIG:
+            st.timesig = token
+            st.bar_len = self.bar_steps[token]
+            st.last = TIMESIG
+        elif kind == POSITION:
+            st.pos = token - self.pos_lo
+            st.last_note = (-1, -1)
+            st.last = POSITION
+        elif kind == TEMPO:
+            st.tempo = token
+            st.last = TEMPO
+        elif kind == PROGRAM:
+            st.program = token
+            st.last = PROGRAM
+        elif kind == PITCH:
+            st.last_note = (st.program, token)
+            st.last = PITCH
+        elif kind == VELOCITY:
+            st.last = NOTE_END if st.program == self.drum else VELOCITY
+        elif kind == NOTE_END:
+            st.last = NOTE_END
+        elif kind == EOS:
+            st.eos = True
+            st.last = EOS
+
+    def is_valid(self, ids) -> bool:
+        """True when `ids` follows the grammar from BOS to EOS."""
+        st = GrammarState()
+        for t in ids:
+            if not self.allowed(st)[int(t)]:
+                return False
+            self.advance(st, int(t))
+        return st.eos

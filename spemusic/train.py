@@ -1,0 +1,392 @@
+"""Training loop: AdamW + warmup/cosine, bf16 autocast where it pays, validation, atomic
+checkpoints, exact resume, and DistributedDataParallel when started by torchrun."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from . import checkpoint
+from .data import TokenCache, WindowSampler, fixed_windows, open_dataset
+from .errors import SpemusicError
+from .model import ModelConfig, Performer
+from .tokenizer import TokenizerConfig
+
+PRESETS = ("tiny", "small", "paper")
+PES = ("sinespe", "convspe", "ape", "sinusoidal", "axial", "none")
+
+
+@dataclass
+class TrainConfig:
+    data: str = ""
+    preset: str = "small"
+    pe: str = "sinespe"
+    gated: bool = True
+    attention: str = "favor"
+    seq_len: int = 1024
+    batch_size: int = 8          # sequences per micro-batch, all processes together
+    grad_accum: int = 1          # micro-batches per optimizer step
+    steps: int = 0               # optimizer steps (0: derived from epochs)
+    epochs: float = 0.0
+    lr: float = 1e-3
+    warmup: int = 100
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0
+    feature_redraw: int = 1000   # FAVOR+ features redrawn every N steps (0: never)
+    val_every: int = 200
+    save_every: int = 200
+    log_every: int = 10
+    valid_windows: int = 64
+    device: str = "auto"
+    precision: str = "auto"
+    compile: bool = False
+    seed: int = 0
+    transpose: int = 6
+
+    def check(self) -> None:
+        if self.preset not in PRESETS:
+            raise SpemusicError(f"--preset must be one of {', '.join(PRESETS)} (got {self.preset!r})")
+        if self.pe not in PES:
+            raise SpemusicError(f"--pe must be one of {', '.join(PES)} (got {self.pe!r})")
+        if self.attention not in ("favor", "softmax"):
+            raise SpemusicError(f"--attention must be favor or softmax (got {self.attention!r})")
+        if self.precision not in ("auto", "fp32", "bf16"):
+            raise SpemusicError(f"--precision must be auto, fp32 or bf16 (got {self.precision!r})")
+        for name in ("seq_len", "batch_size", "grad_accum"):
+            if getattr(self, name) < 1:
+                raise SpemusicError(f"--{name.replace('_', '-')} must be at least 1")
+        if self.steps <= 0 and self.epochs <= 0:
+            raise SpemusicError("give --steps or --epochs (a positive number)")
+        if self.lr <= 0:
+            raise SpemusicError("--lr must be positive")
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "TrainConfig":
+        names = {f.name for f in fields(cls)}
+        unknown = set(d) - names
+        if unknown:
+            raise SpemusicError(f"unknown training option(s): {', '.join(sorted(unknown))}")
+        return cls(**d)
+
+
+# ----------------------------------------------------------------------------- hardware
+
+def pick_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise SpemusicError("--device cuda: no CUDA GPU is available")
+    if name not in ("cpu",) and not name.startswith("cuda"):
+        raise SpemusicError(f"--device must be auto, cpu or cuda (got {name!r})")
+    return torch.device(name)
+
+
+def cpu_has_bf16_matrix_units() -> bool:
+    """AMX tiles make bf16 matmuls several times faster than fp32; AVX512-BF16 alone does not."""
+    try:
+        return "amx_bf16" in Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+
+
+def pick_dtype(precision: str, device: torch.device) -> torch.dtype:
+    if precision == "fp32":
+        return torch.float32
+    if precision == "bf16":
+        if device.type == "cuda" and not torch.cuda.is_bf16_supported():
+            raise SpemusicError("--precision bf16: this GPU does not support bfloat16")
+        return torch.bfloat16
+    if device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float32
+    return torch.bfloat16 if cpu_has_bf16_matrix_units() else torch.float32
+
+
+# ----------------------------------------------------------------------------- schedule
+
+def lr_lambda(warmup: int, total: int, floor: float = 0.1):
+    def f(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        progress = min(1.0, (step - warmup) / max(1, total - warmup))
+        return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
+    return f
+
+
+def lm_loss(model, batch: torch.Tensor, pad_id: int) -> tuple[torch.Tensor, int]:
+    """Mean next-token NLL over non-PAD targets, and their count."""
+    logits = model(batch[:, :-1])
+    targets = batch[:, 1:]
+    loss = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), targets.reshape(-1),
+                           ignore_index=pad_id, reduction="sum")
+    count = int((targets != pad_id).sum())
+    return loss / max(count, 1), count
+
+
+@torch.no_grad()
+def evaluate_windows(model: Performer, windows: np.ndarray, pad_id: int, device, dtype,
+                     batch_size: int = 8, seed: int = 0) -> float:
+    """Mean NLL per token over fixed windows, with one fixed SPE draw (deterministic)."""
+    was_training = model.training
+    model.eval()
+    model.resample(seed)
+    total, count = 0.0, 0
+    for i in range(0, len(windows), batch_size):
+        batch = torch.from_numpy(windows[i: i + batch_size]).to(device)
+        with torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32):
+            loss, n = lm_loss(model, batch, pad_id)
+        total += float(loss) * n
+        count += n
+    model.train(was_training)
+    return total / max(count, 1)
+
+
+# ----------------------------------------------------------------------------- distributed
+
+def dist_info() -> tuple[int, int, int]:
+    """(rank, world size, local rank) from torchrun's environment; (0, 1, 0) otherwise."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    return int(os.environ.get("RANK", "0")), world, int(os.environ.get("LOCAL_RANK", "0"))
+
+
+def _barrier(world: int) -> None:
+    if world > 1:
+        dist.barrier()
+
+
+# ----------------------------------------------------------------------------- training
+
+class Logger:
+    """metrics.jsonl (one JSON object per log step) on rank 0."""
+
+    def __init__(self, path: Path | None):
+        self.path = path
+
+    def log(self, record: dict) -> None:
+        if self.path is not None:
+            with open(self.path, "a") as f:
+                f.write(json.dumps(record) + "\n")
+
+
+def train(cfg: TrainConfig, run_dir: Path, resume: bool = False, stop_after: int | None = None,
+          console=None, show_progress: bool = True) -> dict:
+    """Train (or resume) a model into `run_dir`. Returns a summary dict."""
+    from rich.console import Console
+
+    console = console or Console(stderr=True)
+    run_dir = Path(run_dir)
+    rank, world, local_rank = dist_info()
+    is_main = rank == 0
+
+    if resume:
+        run_file = run_dir / "run.json"
+        if not (run_dir / "last").exists() or not run_file.is_file():
+            raise SpemusicError(f"{run_dir}: nothing to resume (no last checkpoint or run.json)")
+        saved = TrainConfig.from_dict(json.loads(run_file.read_text())["train"])
+        # options given again on resume may only extend the run, not change the model or data
+        saved.steps = max(saved.steps, cfg.steps) if cfg.steps else saved.steps
+        cfg = saved
+    cfg.check()
+
+    device = pick_device(cfg.device)
+    if world > 1:
+        if device.type == "cuda":
+            device = torch.device("cuda", local_rank)
+            torch.cuda.set_device(device)
+        if not dist.is_initialized():
+            dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+        if cfg.batch_size % world:
+            raise SpemusicError(f"--batch-size {cfg.batch_size} must be divisible by the {world} processes")
+    dtype = pick_dtype(cfg.precision, device)
+
+    # data: rank 0 prepares the cache if needed, the others then read it
+    tok_cfg = TokenizerConfig()
+    if is_main:
+        cache = open_dataset(Path(cfg.data), tok_cfg)
+    _barrier(world)
+    if not is_main:
+        cache = open_dataset(Path(cfg.data), tok_cfg)
+    tokenizer = cache.tokenizer
+    tok_cfg = tokenizer.config
+    sampler = WindowSampler(cache, "train", cfg.seq_len, cfg.transpose)
+    has_valid = bool(cache.files("valid"))
+    valid = fixed_windows(cache, "valid", cfg.seq_len, cfg.valid_windows) if has_valid else None
+
+    tokens_per_step = cfg.batch_size * cfg.grad_accum * cfg.seq_len
+    if cfg.steps <= 0:
+        train_tokens = cache.index["splits"]["train"]["tokens"]
+        cfg.steps = max(1, math.ceil(cfg.epochs * train_tokens / tokens_per_step))
+
+    torch.manual_seed(cfg.seed)
+    model_cfg = ModelConfig.preset(cfg.preset, vocab_size=len(tokenizer), pe=cfg.pe, gated=cfg.gated,
+                                   attention=cfg.attention, max_len=max(cfg.seq_len, 2048))
+    model = Performer(model_cfg).to(device)
+    decay = [p for n, p in model.named_parameters() if p.dim() >= 2 and "embed" not in n]
+    no_decay = [p for n, p in model.named_parameters() if not (p.dim() >= 2 and "embed" not in n)]
+    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
+                                   {"params": no_decay, "weight_decay": 0.0}],
+                                  lr=cfg.lr, betas=(0.9, 0.95), fused=device.type == "cuda")
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg.warmup, cfg.steps))
+    rng = np.random.default_rng(cfg.seed)
+    step, best_valid, tokens_seen, elapsed_before = 0, float("inf"), 0, 0.0
+
+    if resume:
+        import safetensors.torch
+
+        last = (run_dir / "last").resolve()
+        state = checkpoint.load_trainer_state(last)
+        safetensors.torch.load_model(model, str(last / checkpoint.WEIGHTS), strict=False, device=str(device))
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        scheduler.lr_lambdas = [lr_lambda(cfg.warmup, cfg.steps)]
+        rng.bit_generator.state = json.loads(state["sampler_rng"])
+        torch.set_rng_state(state["torch_rng"])
+        if device.type == "cuda" and "cuda_rng" in state:
+            torch.cuda.set_rng_state(state["cuda_rng"], device)
+        step, best_valid = int(state["step"]), float(state["best_valid"])
+        tokens_seen, elapsed_before = int(state["tokens"]), float(state["elapsed"])
+    elif is_main:
+        if (run_dir / "last").exists():
+            raise SpemusicError(f"{run_dir}: already holds a training run; use --resume {run_dir} or another -o")
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "metrics.jsonl").unlink(missing_ok=True)
+        (run_dir / "run.json").write_text(json.dumps(
+            {"train": asdict(cfg), "model": model_cfg.to_dict(), "tokenizer": tok_cfg.to_dict(),
+             "data_cache": str(cache.path), "world_size": world}, indent=2))
+
+    train_model = model
+    if world > 1:
+        train_model = torch.nn.parallel.DistributedDataParallel(
+            model, device_ids=[device.index] if device.type == "cuda" else None)
+    if cfg.compile:
+        train_model = torch.compile(train_model)
+
+    logger = Logger(run_dir / "metrics.jsonl" if is_main else None)
+    n_params = model.num_parameters()
+    if is_main:
+        console.print(f"[bold]spemusic train[/]: {cfg.preset} ({n_params / 1e6:.2f}M parameters), pe={cfg.pe}"
+                      f"{' gated' if cfg.gated and cfg.pe in ('sinespe', 'convspe') else ''}, attention={cfg.attention}, "
+                      f"seq-len {cfg.seq_len}, {tokens_per_step} tokens/step, {cfg.steps} steps, "
+                      f"{device.type} {str(dtype).replace('torch.', '')}, {world} process(es)")
+        console.print(f"data: {cache.path} — train {cache.index['splits']['train']['files']} files / "
+                      f"{cache.index['splits']['train']['tokens']:,} tokens, valid {cache.index['splits']['valid']['files']} files")
+
+    def save(names: list[str]) -> None:
+        info = {"step": step, "tokens": tokens_seen, "train_loss": last_train_loss, "valid_loss": last_valid,
+                "best_valid_loss": best_valid if math.isfinite(best_valid) else None,
+                "seq_len": cfg.seq_len, "data": str(cfg.data), "preset": cfg.preset,
+                "parameters": n_params}
+        trainer_state = {
+            "format": checkpoint.FORMAT, "step": step, "best_valid": best_valid, "tokens": tokens_seen,
+            "elapsed": elapsed_before + (time.perf_counter() - t_start),
+            "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+            "sampler_rng": json.dumps(rng.bit_generator.state), "torch_rng": torch.get_rng_state(),
+        }
+        if device.type == "cuda":
+            trainer_state["cuda_rng"] = torch.cuda.get_rng_state(device)
+        checkpoint.save_run_checkpoint(run_dir, names, step, model, tok_cfg, info, trainer_state)
+
+    micro = cfg.batch_size // world
+    last_train_loss, last_valid = None, None
+    window_loss, window_count, window_tokens = 0.0, 0, 0
+    t_start = time.perf_counter()
+    t_window = t_start
+    end_step = cfg.steps if stop_after is None else min(cfg.steps, step + stop_after)
+    initial_loss = None
+
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    progress = Progress(TextColumn("[bold]train"), BarColumn(), TextColumn("step {task.completed}/{task.total}"),
+                        TextColumn("loss {task.fields[loss]}"), TextColumn("{task.fields[tps]} tok/s"),
+                        TimeElapsedColumn(), TimeRemainingColumn(), console=console,
+                        disable=not (is_main and show_progress))
+    model.train()
+    with progress:
+        task = progress.add_task("train", total=cfg.steps, completed=step, loss="-", tps="-")
+        while step < end_step:
+            if cfg.feature_redraw and step % cfg.feature_redraw == 0 and step > 0:
+                # same generator on every rank: features stay identical across processes
+                model.redraw_features(torch.Generator().manual_seed(cfg.seed * 1_000_003 + step))
+            optimizer.zero_grad(set_to_none=True)
+            step_loss = 0.0
+            for micro_step in range(cfg.grad_accum):
+                batch = sampler.sample(rng, cfg.batch_size, augment=cfg.transpose > 0)
+                batch = torch.from_numpy(batch[rank * micro:(rank + 1) * micro]).to(device)
+                sync = micro_step == cfg.grad_accum - 1
+                ctx = train_model.no_sync() if (world > 1 and not sync) else _nullcontext()
+                with ctx, torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32):
+                    loss, _ = lm_loss(train_model, batch, tokenizer.pad_id)
+                    (loss / cfg.grad_accum).backward()
+                step_loss += float(loss) / cfg.grad_accum
+            if not math.isfinite(step_loss):
+                raise SpemusicError(f"training diverged at step {step} (loss {step_loss}); try a lower --lr")
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+            optimizer.step()
+            scheduler.step()
+            step += 1
+            tokens_seen += tokens_per_step
+            if initial_loss is None:
+                initial_loss = step_loss
+            window_loss += step_loss
+            window_count += 1
+            window_tokens += tokens_per_step
+            progress.update(task, completed=step, loss=f"{step_loss:.3f}")
+
+            do_val = valid is not None and (step % cfg.val_every == 0 or step == cfg.steps)
+            do_log = step % cfg.log_every == 0 or do_val or step == end_step
+            if do_log:
+                if world > 1:
+                    t = torch.tensor([window_loss], dtype=torch.float64, device=device)
+                    dist.all_reduce(t)
+                    window_loss = float(t) / world
+                now = time.perf_counter()
+                tps = window_tokens / max(now - t_window, 1e-9)
+                last_train_loss = window_loss / window_count
+                record = {"step": step, "train_loss": round(last_train_loss, 5),
+                          "lr": scheduler.get_last_lr()[0], "tokens_per_s": round(tps, 1), "tokens": tokens_seen}
+                if do_val:
+                    last_valid = evaluate_windows(model, valid, tokenizer.pad_id, device, dtype)
+                    record["valid_loss"] = round(last_valid, 5)
+                logger.log(record)
+                progress.update(task, tps=f"{tps:,.0f}")
+                window_loss, window_count, window_tokens = 0.0, 0, 0
+                t_window = time.perf_counter()
+            if is_main:
+                names = []
+                if do_val and last_valid is not None and last_valid < best_valid:
+                    best_valid = last_valid
+                    names.append("best")
+                if step % cfg.save_every == 0 or step == end_step:
+                    names.append("last")
+                if names:
+                    save(names)
+            _barrier(world)
+
+    wall = time.perf_counter() - t_start
+    summary = {"steps": step, "total_steps": cfg.steps, "tokens": tokens_seen, "initial_loss": initial_loss,
+               "train_loss": last_train_loss, "valid_loss": last_valid,
+               "best_valid_loss": best_valid if math.isfinite(best_valid) else None,
+               "wall_seconds": wall, "run_dir": str(run_dir)}
+    if is_main:
+        console.print(f"done: step {step}/{cfg.steps}, train loss {last_train_loss:.4f}"
+                      + (f", valid loss {last_valid:.4f} (best {best_valid:.4f})" if last_valid is not None else "")
+                      + f", {wall:.0f} s; checkpoints in {run_dir}/last" + (" and best" if math.isfinite(best_valid) else ""))
+    if world > 1:
+        dist.destroy_process_group()
+    return summary
+
+
+class _nullcontext:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
