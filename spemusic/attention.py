@@ -1,0 +1,186 @@
+"""Attention kernels: FAVOR+ features, chunked causal linear attention, its
+recurrent step, and softmax attention with a KV cache.
+
+FAVOR+ (Choromanski et al. 2021) approximates exp(q·k) by φ(q)·φ(k) with
+positive random features φ(x) = exp(ωᵀx - |x|²/2) / √M and orthogonal ω.
+
+Stabiliser (GUIDE §3). Subtracting a max over the whole sequence is
+non-causal and cannot be reproduced step by step, so:
+
+* queries: subtract the per-position max over features of ωᵀx (and drop the
+  per-position |x|²/2 and 1/√M). A per-position factor cancels between the
+  numerator Σ φ(q)·φ(k) v and the denominator Σ φ(q)·φ(k): exact, and
+  causal.
+* keys: no stabiliser. ωᵀx - |x|²/2 = |ω|²/2 - |x - ω|²/2 ≤ |ω|²/2, bounded
+  above by a constant of the (fixed) features (≈ dk/2 + a few √dk), so
+  exp() and the running sums cannot overflow in fp32.
+
+Both the chunked and the recurrent paths compute exactly this function
+(up to float summation order); the running state S = Σ φ(k) [v, 1]ᵀ (the
+normaliser z is the last column) is always kept in fp32, also under bf16
+autocast.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+__all__ = [
+    "orthogonal_features",
+    "favor_query",
+    "favor_key",
+    "chunked_linear_attention",
+    "linear_attention_step",
+    "linear_attention_reference",
+    "KVCache",
+    "EPS",
+]
+
+EPS = 1e-6
+
+
+def orthogonal_features(n_features: int, dim: int, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Gaussian orthogonal random matrix (n_features, dim) as in Performer:
+    stacked blocks of orthonormal rows (QR of Gaussian matrices), each row then
+    rescaled by an independent chi(dim)-distributed norm."""
+    blocks = []
+    n_full = n_features // dim
+    for _ in range(n_full + (1 if n_features % dim else 0)):
+        g = torch.randn(dim, dim, generator=generator)
+        q, _ = torch.linalg.qr(g)
+        blocks.append(q.T)
+    w = torch.cat(blocks)[:n_features]
+    norms = torch.randn(n_features, dim, generator=generator).norm(dim=1)
+    return norms[:, None] * w
+
+
+def favor_query(x: torch.Tensor, omega: torch.Tensor) -> torch.Tensor:
+    """φ for queries, stabilised per position. x (..., dk) fp32, omega (M, dk)
+    already multiplied by the dk^(-1/4) data scaling."""
+    p = x @ omega.T
+    return torch.exp(p - p.amax(-1, keepdim=True))
+
+
+def favor_key(x: torch.Tensor, omega: torch.Tensor, scale2: float) -> torch.Tensor:
+    """φ for keys, unstabilised (bounded above, see module doc). scale2 = dk^(-1/2)
+    (the square of the data scaling folded in omega)."""
+    p = x @ omega.T
+    sq = (x * x).sum(-1, keepdim=True) * (0.5 * scale2)
+    return torch.exp(p - sq) * (1.0 / math.sqrt(omega.shape[0]))
+
+
+def _ones_col(v: torch.Tensor) -> torch.Tensor:
+    return torch.cat((v, v.new_ones(*v.shape[:-1], 1)), -1)
+
+
+def chunked_linear_attention(
+    qf: torch.Tensor,
+    kf: torch.Tensor,
+    v: torch.Tensor,
+    chunk_size: int = 128,
+    state: torch.Tensor | None = None,
+    return_state: bool = False,
+    eps: float = EPS,
+):
+    """Causal linear attention o_t = Σ_{s≤t} (qf_t·kf_s) v_s / Σ_{s≤t} qf_t·kf_s.
+
+    qf, kf: (B, H, T, M) feature maps; v: (B, H, T, Dv). Inside each chunk of C
+    positions: the masked C×C product; across chunks: one state per chunk
+    S_c = Σ_{s∈c} kf_s [v_s, 1]ᵀ (M × (Dv+1)) and its exclusive cumsum. Memory
+    O(T·(M + Dv + C) + T/C·M·Dv): never the per-position outer products.
+
+    state: optional (B, H, M, Dv+1) running state of earlier positions.
+    Returns o (B, H, T, Dv) fp32 [, final state (B, H, M, Dv+1) fp32].
+    """
+    with torch.autocast(device_type=qf.device.type, enabled=False):
+        qf, kf, v = qf.float(), kf.float(), v.float()
+        B, H, T, M = qf.shape
+        Dv = v.shape[-1]
+        C = max(1, min(chunk_size, T))
+        N = -(-T // C)
+        pad = N * C - T
+        v1 = _ones_col(v)
+        if pad:
+            # padded keys are zero features: no contribution anywhere (incl. final state)
+            qf = F.pad(qf, (0, 0, 0, pad))
+            kf = F.pad(kf, (0, 0, 0, pad))
+            v1 = F.pad(v1, (0, 0, 0, pad))
+        q = qf.view(B, H, N, C, M)
+        k = kf.view(B, H, N, C, M)
+        vv = v1.view(B, H, N, C, Dv + 1)
+        mask = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()
+        a = (q @ k.transpose(-1, -2)).masked_fill(~mask, 0.0)
+        out = a @ vv  # intra-chunk
+        chunk_states = k.transpose(-1, -2) @ vv  # (B, H, N, M, Dv+1)
+        cum = chunk_states.cumsum(2)
+        prev = torch.cat((torch.zeros_like(cum[:, :, :1]), cum[:, :, :-1]), 2)
+        if state is not None:
+            prev = prev + state[:, :, None].float()
+        out = out + q @ prev  # inter-chunk
+        out = out.reshape(B, H, N * C, Dv + 1)[:, :, :T]
+        o = out[..., :Dv] / (out[..., Dv:] + eps)
+        if not return_state:
+            return o
+        final = cum[:, :, -1]
+        if state is not None:
+            final = final + state.float()
+        return o, final
+
+
+def linear_attention_step(qf: torch.Tensor, kf: torch.Tensor, v: torch.Tensor, state: torch.Tensor, eps: float = EPS):
+    """One recurrent step, in place on ``state``.
+
+    qf, kf: (B, H, M); v: (B, H, Dv); state: (B, H, M, Dv+1) fp32, updated as
+    S ← S + kf [v, 1]ᵀ. Returns o (B, H, Dv) fp32.
+    """
+    B, H, M = qf.shape
+    Dv = v.shape[-1]
+    s = state.view(B * H, M, Dv + 1)
+    v1 = _ones_col(v.float()).view(B * H, 1, Dv + 1)
+    s.baddbmm_(kf.float().reshape(B * H, M, 1), v1)
+    out = torch.bmm(qf.float().reshape(B * H, 1, M), s).view(B, H, Dv + 1)
+    return out[..., :Dv] / (out[..., Dv:] + eps)
+
+
+def linear_attention_reference(qf, kf, v, eps: float = EPS):
+    """Naive O(T²) masked linear attention, for tests."""
+    qf, kf, v = qf.double(), kf.double(), v.double()
+    T = qf.shape[-2]
+    a = (qf @ kf.transpose(-1, -2)) * torch.ones(T, T, dtype=torch.float64, device=qf.device).tril()
+    return (a @ v) / (a.sum(-1, keepdim=True) + eps)
+
+
+class KVCache:
+    """Per-layer key/value cache for softmax attention, grown geometrically."""
+
+    def __init__(self, batch: int, heads: int, dk: int, dv: int, device, dtype=torch.float32, capacity: int = 256):
+        self.k = torch.empty(batch, heads, capacity, dk, device=device, dtype=dtype)
+        self.v = torch.empty(batch, heads, capacity, dv, device=device, dtype=dtype)
+        self.length = 0
+
+    def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """k: (B, H, t, dk), v: (B, H, t, dv); returns views of all cached keys/values."""
+        t = k.shape[2]
+        need = self.length + t
+        cap = self.k.shape[2]
+        if need > cap:
+            new_cap = max(need, 2 * cap)
+            nk = self.k.new_empty(*self.k.shape[:2], new_cap, self.k.shape[3])
+            nv = self.v.new_empty(*self.v.shape[:2], new_cap, self.v.shape[3])
+            nk[:, :, :self.length] = self.k[:, :, :self.length]
+            nv[:, :, :self.length] = self.v[:, :, :self.length]
+            self.k, self.v = nk, nv
+        self.k[:, :, self.length:need] = k
+        self.v[:, :, self.length:need] = v
+        self.length = need
+        return self.k[:, :, :need], self.v[:, :, :need]
+
+    def clone(self) -> "KVCache":
+        c = KVCache.__new__(KVCache)
+        c.k, c.v, c.length = self.k.clone(), self.v.clone(), self.length
+        return c
+
+    def nbytes(self) -> int:
+        return self.k.numel() * self.k.element_size() + self.v.numel() * self.v.element_size()

@@ -1,0 +1,438 @@
+"""The spemusic language model: a decoder-only Performer with Stochastic
+Positional Encoding, a chunked parallel path (training, scoring, priming) and
+an O(1)-per-token recurrent path (generation).
+
+    cfg = ModelConfig.preset("tiny", vocab_size=V, pe="sinespe", gated=True)
+    model = Performer(cfg)
+    logits = model(ids)                      # (B, T) -> (B, T, V)
+    model.eval(); model.resample(seed)       # fix the SPE realization
+    logits, state = model.prime(ids)         # one parallel pass over a prompt
+    logits, state = model.step(state, nxt)   # (B,) -> (B, V); state updated in place
+
+Design notes (see GUIDE §2-3):
+* One SPE code per sequence batch (training: fresh each forward; eval: fixed by
+  ``resample``), shared by all layers when ``share_pe``; every layer has its own
+  gate. The code is applied to q, k after the projections (per head), giving
+  R-dim q̂, k̂; FAVOR+ features are then taken of q̂, k̂.
+* FAVOR+ ω are persistent buffers (saved in checkpoints); ``redraw_features``
+  draws new ones (training), ``resample`` leaves them alone unless asked.
+* Absolute PEs (ape, sinusoidal, axial) raise ``SpemusicError`` past max_len;
+  SPE has no limit.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field, fields
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from spemusic.attention import (
+    KVCache,
+    chunked_linear_attention,
+    favor_key,
+    favor_query,
+    linear_attention_step,
+    orthogonal_features,
+    EPS,
+)
+from spemusic.errors import SpemusicError
+from spemusic.positional import AbsolutePE, build_absolute_pe
+from spemusic.spe import ConvSPE, ConvStream, SineSPE, SPEContext, SPEFilter, mix_seed
+
+__all__ = ["ModelConfig", "Performer", "State"]
+
+PE_OPTIONS = ("sinespe", "convspe", "ape", "sinusoidal", "axial", "none")
+SPE_OPTIONS = ("sinespe", "convspe")
+ATTENTION_OPTIONS = ("favor", "softmax")
+
+_PRESETS = {
+    "tiny": dict(n_layers=2, d_model=64, n_heads=4, d_ff=128, n_realizations=16, n_features=32,
+                 n_sines=3, kernel_size=16, chunk_size=64),
+    "small": dict(n_layers=6, d_model=256, n_heads=8, d_ff=1024, n_realizations=64, n_features=64,
+                  n_sines=5, kernel_size=64),
+    "paper": dict(n_layers=24, d_model=512, n_heads=8, d_ff=2048, n_realizations=64, n_features=128,
+                  n_sines=5, kernel_size=128),
+}
+
+
+@dataclass
+class ModelConfig:
+    vocab_size: int
+    n_layers: int = 6
+    d_model: int = 256
+    n_heads: int = 8
+    d_ff: int = 1024
+    dropout: float = 0.0
+    attention: str = "favor"  # "favor" | "softmax"
+    n_features: int = 128  # FAVOR+ random features M (per head)
+    pe: str = "sinespe"  # "sinespe" | "convspe" | "ape" | "sinusoidal" | "axial" | "none"
+    gated: bool = True
+    share_pe: bool = True  # one SPE code per sequence shared by all layers; each layer has its own gate
+    n_realizations: int = 64  # R
+    n_sines: int = 5
+    kernel_size: int = 128
+    max_len: int = 2048  # only limits absolute PEs (ape, sinusoidal, axial)
+    chunk_size: int = 128  # chunked linear attention
+
+    def __post_init__(self):
+        if self.attention not in ATTENTION_OPTIONS:
+            raise SpemusicError(f"attention must be one of {', '.join(ATTENTION_OPTIONS)}, not {self.attention!r}")
+        if self.pe not in PE_OPTIONS:
+            raise SpemusicError(f"pe must be one of {', '.join(PE_OPTIONS)}, not {self.pe!r}")
+        for name in ("vocab_size", "n_layers", "d_model", "n_heads", "d_ff", "n_features",
+                     "n_realizations", "n_sines", "kernel_size", "max_len", "chunk_size"):
+            val = getattr(self, name)
+            if not isinstance(val, int) or isinstance(val, bool) or val < 1:
+                raise SpemusicError(f"model config: {name} must be a positive integer, not {val!r}")
+        if self.d_model % self.n_heads:
+            raise SpemusicError(f"model config: d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
+        if not 0.0 <= float(self.dropout) < 1.0:
+            raise SpemusicError(f"model config: dropout must be in [0, 1), not {self.dropout!r}")
+
+    @property
+    def d_head(self) -> int:
+        return self.d_model // self.n_heads
+
+    @property
+    def uses_spe(self) -> bool:
+        return self.pe in SPE_OPTIONS
+
+    @classmethod
+    def preset(cls, name: str, **overrides) -> "ModelConfig":
+        if name not in _PRESETS:
+            raise SpemusicError(f"unknown model preset {name!r}; choose one of {', '.join(_PRESETS)}")
+        kw = dict(_PRESETS[name])
+        kw.update(overrides)
+        if "vocab_size" not in kw:
+            raise SpemusicError("ModelConfig.preset needs vocab_size=...")
+        return cls(**kw)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ModelConfig":
+        if not isinstance(d, dict):
+            raise SpemusicError("model config must be a mapping")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise SpemusicError(f"unknown model config key(s): {', '.join(unknown)}")
+        if "vocab_size" not in d:
+            raise SpemusicError("model config lacks vocab_size")
+        return cls(**d)
+
+
+@dataclass
+class State:
+    """Recurrent generation state (batched). ``step`` updates it in place and
+    returns it; use ``clone()`` to branch.
+
+    position: index of the next token; layers: per layer, the FAVOR running
+    state S (B, H, M, Dv+1) fp32 (last column = normaliser z) or a KVCache;
+    pe: per SPE module, a ConvStream (convSPE ring buffer) or None.
+    """
+
+    position: int
+    batch_size: int
+    layers: list
+    pe: list = field(default_factory=list)
+
+    def clone(self) -> "State":
+        return State(
+            position=self.position,
+            batch_size=self.batch_size,
+            layers=[l.clone() for l in self.layers],
+            pe=[p.clone() if p is not None else None for p in self.pe],
+        )
+
+    def nbytes(self) -> int:
+        n = 0
+        for l in self.layers:
+            n += l.nbytes() if isinstance(l, KVCache) else l.numel() * l.element_size()
+        for p in self.pe:
+            if p is not None:
+                n += p.buf.numel() * p.buf.element_size()
+        return n
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        H, D = cfg.n_heads, cfg.d_head
+        self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model)
+        self.out = nn.Linear(cfg.d_model, cfg.d_model)
+        self.filter = SPEFilter(H, D, cfg.gated) if cfg.uses_spe else None
+        self.dk = cfg.n_realizations if cfg.uses_spe else D
+        self.favor = cfg.attention == "favor"
+        if self.favor:
+            self.register_buffer("omega", orthogonal_features(cfg.n_features, self.dk))
+        self.drop = nn.Dropout(cfg.dropout)
+
+    def redraw(self, generator: torch.Generator | None = None) -> None:
+        if self.favor:
+            w = orthogonal_features(self.cfg.n_features, self.dk, generator)
+            self.omega.copy_(w.to(self.omega.device))
+
+    def _scaled_omega(self):
+        return self.omega * self.dk ** -0.25
+
+    def _qkv(self, x: torch.Tensor, ctx: SPEContext | None):
+        """x (B, T, d) -> q, k (B, H, T, dk), v (B, H, T, D)."""
+        B, T, _ = x.shape
+        H, D = self.cfg.n_heads, self.cfg.d_head
+        q, k, v = self.qkv(x).view(B, T, 3, H, D).unbind(2)
+        if self.filter is not None:
+            q, k = self.filter(q, k, ctx)
+        return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+
+    def forward(self, x: torch.Tensor, ctx: SPEContext | None, want_state: bool = False):
+        B, T, d = x.shape
+        q, k, v = self._qkv(x, ctx)
+        st = None
+        if self.favor:
+            with torch.autocast(device_type=x.device.type, enabled=False):
+                om = self._scaled_omega()
+                qf = favor_query(q.float(), om)
+                kf = favor_key(k.float(), om, self.dk ** -0.5)
+                res = chunked_linear_attention(qf, kf, v, self.cfg.chunk_size, return_state=want_state)
+            if want_state:
+                o, st = res
+            else:
+                o = res
+            o = o.to(v.dtype)
+        else:
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            if want_state:
+                st = KVCache(B, self.cfg.n_heads, self.dk, self.cfg.d_head, x.device, k.dtype,
+                             capacity=max(256, 1 << (T - 1).bit_length() if T > 1 else 1))
+                st.append(k, v)
+        y = self.drop(self.out(o.transpose(1, 2).reshape(B, T, d)))
+        return y, st
+
+    def step(self, x: torch.Tensor, ctx: SPEContext | None, st):
+        """x (B, d) -> y (B, d); st updated in place."""
+        B, d = x.shape
+        q, k, v = self._qkv(x[:, None], ctx)  # (B, H, 1, *)
+        if self.favor:
+            om = self._scaled_omega()
+            qf = favor_query(q[:, :, 0].float(), om)
+            kf = favor_key(k[:, :, 0].float(), om, self.dk ** -0.5)
+            o = linear_attention_step(qf, kf, v[:, :, 0], st).to(v.dtype)
+        else:
+            kk, vv = st.append(k, v)
+            o = F.scaled_dot_product_attention(q, kk, vv)[:, :, 0]
+        return self.out(o.reshape(B, d))
+
+    def empty_state(self, batch: int, device):
+        if self.favor:
+            return torch.zeros(batch, self.cfg.n_heads, self.cfg.n_features, self.cfg.d_head + 1,
+                               device=device, dtype=torch.float32)
+        return KVCache(batch, self.cfg.n_heads, self.dk, self.cfg.d_head, device)
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.ln1 = nn.LayerNorm(cfg.d_model)
+        self.attn = Attention(cfg)
+        self.ln2 = nn.LayerNorm(cfg.d_model)
+        self.ff1 = nn.Linear(cfg.d_model, cfg.d_ff)
+        self.ff2 = nn.Linear(cfg.d_ff, cfg.d_model)
+        self.drop = nn.Dropout(cfg.dropout)
+
+    def ffn(self, x):
+        return self.drop(self.ff2(F.gelu(self.ff1(self.ln2(x)))))
+
+    def forward(self, x, ctx, want_state=False):
+        a, st = self.attn(self.ln1(x), ctx, want_state)
+        x = x + a
+        return x + self.ffn(x), st
+
+    def step(self, x, ctx, st):
+        x = x + self.attn.step(self.ln1(x), ctx, st)
+        return x + self.ffn(x)
+
+
+class Performer(nn.Module):
+    """Decoder-only Performer LM with SPE / absolute PE options (see module doc)."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        if isinstance(cfg, dict):
+            cfg = ModelConfig.from_dict(cfg)
+        self.cfg = cfg
+        self.tok = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        nn.init.normal_(self.tok.weight, std=0.02)
+        self.abs_pe: AbsolutePE | None = None
+        if cfg.pe in ("ape", "sinusoidal", "axial"):
+            self.abs_pe = build_absolute_pe(cfg.pe, cfg.max_len, cfg.d_model)
+        self.spe = None
+        if cfg.uses_spe:
+            n = 1 if cfg.share_pe else cfg.n_layers
+            if cfg.pe == "sinespe":
+                mods = [SineSPE(cfg.n_heads, cfg.d_head, cfg.n_sines, cfg.n_realizations) for _ in range(n)]
+            else:
+                mods = [ConvSPE(cfg.n_heads, cfg.d_head, cfg.kernel_size, cfg.n_realizations) for _ in range(n)]
+            self.spe = nn.ModuleList(mods)
+        self.drop = nn.Dropout(cfg.dropout)
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        self.ln_f = nn.LayerNorm(cfg.d_model)
+        # output head tied to the token embedding
+        self._codes = None  # eval-mode SPE codes (one per SPE module)
+        self._seed = None
+
+    # ------------------------------------------------------------------ utilities
+    @property
+    def device(self) -> torch.device:
+        return self.tok.weight.device
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    def redraw_features(self, generator: torch.Generator | None = None) -> None:
+        """Draw new orthogonal FAVOR+ features for every layer (training)."""
+        with torch.no_grad():
+            for b in self.blocks:
+                b.attn.redraw(generator)
+
+    def resample(self, seed: int, redraw_features: bool = False) -> None:
+        """Fix the SPE realization used by every later eval-mode call (forward,
+        prime, step) to the one drawn from ``seed``. FAVOR+ features are kept
+        (they belong to the checkpoint) unless ``redraw_features``."""
+        seed = int(seed)
+        self._seed = seed
+        self._codes = None
+        if self.spe is not None:
+            codes = []
+            for i, m in enumerate(self.spe):
+                g = torch.Generator()
+                g.manual_seed(mix_seed(seed, i))
+                if isinstance(m, ConvSPE):
+                    codes.append(m.draw(g, self.device, seed=mix_seed(seed, i, 1)))
+                else:
+                    codes.append(m.draw(g, self.device))
+            self._codes = codes
+        if redraw_features:
+            g = torch.Generator()
+            g.manual_seed(mix_seed(seed, 0xFEA7))
+            self.redraw_features(g)
+
+    def _get_codes(self):
+        if self.spe is None:
+            return None
+        if self.training:
+            return [m.draw(None, self.device) for m in self.spe]
+        if self._codes is None:
+            self.resample(0 if self._seed is None else self._seed)
+        dev = self.device
+        for c in self._codes:
+            if c.eps.device != dev:
+                c.eps = c.eps.to(dev)
+                if hasattr(c, "z"):
+                    c.z = c.z.to(dev)
+                if hasattr(c, "noise_cache"):
+                    c.noise_cache.clear()
+        return self._codes
+
+    def _contexts(self, codes, start: int, T: int):
+        if codes is None:
+            return [None] * self.cfg.n_layers
+        ctxs = []
+        for m, c in zip(self.spe, codes):
+            if isinstance(m, SineSPE):
+                pos = torch.arange(start, start + T, dtype=torch.float64)
+                ctxs.append(m.context(c, pos))
+            else:
+                ctxs.append(m.context(c, start, T, self.device))
+        if len(ctxs) == 1:
+            ctxs = ctxs * self.cfg.n_layers
+        return ctxs
+
+    def _embed(self, ids: torch.Tensor, start: int) -> torch.Tensor:
+        x = self.tok(ids)
+        if self.abs_pe is not None:
+            x = x + self.abs_pe(start, ids.shape[1], ids.device).to(x.dtype)
+        return self.drop(x)
+
+    def _head(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(self.ln_f(x), self.tok.weight)
+
+    def _check_ids(self, ids: torch.Tensor, ndim: int):
+        if not isinstance(ids, torch.Tensor) or ids.dim() != ndim:
+            raise SpemusicError(f"expected token ids as a {ndim}-D LongTensor")
+
+    # ------------------------------------------------------------------ parallel
+    def _parallel(self, ids: torch.Tensor, want_state: bool):
+        self._check_ids(ids, 2)
+        B, T = ids.shape
+        if T == 0:
+            raise SpemusicError("cannot run the model on an empty sequence")
+        if self.abs_pe is not None:
+            self.abs_pe.check(0, T)
+        codes = self._get_codes()
+        ctxs = self._contexts(codes, 0, T)
+        x = self._embed(ids, 0)
+        states = []
+        for blk, ctx in zip(self.blocks, ctxs):
+            x, st = blk(x, ctx, want_state)
+            states.append(st)
+        logits = self._head(x)
+        if not want_state:
+            return logits
+        pe_states = []
+        if self.spe is not None:
+            for m, c in zip(self.spe, codes):
+                pe_states.append(m.stream_init(c, T, self.device) if isinstance(m, ConvSPE) else None)
+        return logits, State(position=T, batch_size=B, layers=states, pe=pe_states)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        """(B, T) token ids -> (B, T, V) next-token logits (chunked parallel path)."""
+        return self._parallel(ids, want_state=False)
+
+    @torch.no_grad()
+    def prime(self, ids: torch.Tensor):
+        """One parallel pass over a prompt: (logits (B, T, V), State after the prompt)."""
+        return self._parallel(ids, want_state=True)
+
+    # ------------------------------------------------------------------ recurrent
+    @torch.no_grad()
+    def init_state(self, batch_size: int) -> State:
+        """Empty state at position 0: generation from scratch is step() from here."""
+        codes = self._get_codes()
+        layers = [b.attn.empty_state(batch_size, self.device) for b in self.blocks]
+        pe_states = []
+        if self.spe is not None:
+            for m, c in zip(self.spe, codes):
+                pe_states.append(m.stream_init(c, 0, self.device) if isinstance(m, ConvSPE) else None)
+        return State(position=0, batch_size=batch_size, layers=layers, pe=pe_states)
+
+    @torch.no_grad()
+    def step(self, state: State, next_ids: torch.Tensor):
+        """Feed one token per sequence at ``state.position``: (B,) -> (logits (B, V), state).
+        The state is updated in place (and returned)."""
+        self._check_ids(next_ids, 1)
+        t = state.position
+        if self.abs_pe is not None:
+            self.abs_pe.check(t, 1)
+        codes = self._get_codes()
+        if codes is None:
+            ctxs = [None] * self.cfg.n_layers
+        else:
+            ctxs = []
+            for m, c, ps in zip(self.spe, codes, state.pe):
+                if isinstance(m, SineSPE):
+                    ctxs.append(m.context(c, torch.tensor([t], dtype=torch.float64)))
+                else:
+                    qbar, kbar = m.stream_step(c, ps, t)
+                    ctxs.append(SPEContext("conv", qbar, kbar, None, c.eps))
+            if len(ctxs) == 1:
+                ctxs = ctxs * self.cfg.n_layers
+        x = self._embed(next_ids[:, None], t)[:, 0]
+        for blk, ctx, st in zip(self.blocks, ctxs, state.layers):
+            x = blk.step(x, ctx, st)
+        state.position = t + 1
+        return self._head(x), state
