@@ -1,0 +1,191 @@
+"""Pieces and continuations as MIDI files: the functions behind `spemusic generate` and `continue`."""
+
+from __future__ import annotations
+
+import io
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import miditoolkit
+import numpy as np
+
+from .errors import MidiError, SpemusicError
+from .grammar import REMIGrammar
+from .tokenizer import REMITokenizer
+
+
+@dataclass
+class Piece:
+    path: Path
+    ids: np.ndarray
+    new_tokens: int
+    bars: int
+    notes: int
+    music_seconds: float
+
+
+def output_paths(out: Path, num: int, overwrite: bool) -> list[Path]:
+    """OUT.mid for one piece; OUT-1.mid … OUT-K.mid for K (or piece-i.mid inside an existing folder).
+    Refuses, before any sampling, outputs that exist (without --overwrite) or cannot be written."""
+    out = Path(out)
+    if out.is_dir():
+        paths = [out / f"piece-{i + 1}.mid" for i in range(num)] if num > 1 else [out / "piece.mid"]
+    elif num > 1:
+        paths = [out.with_name(f"{out.stem}-{i + 1}{out.suffix or '.mid'}") for i in range(num)]
+    else:
+        paths = [out if out.suffix else out.with_suffix(".mid")]
+    for p in paths:
+        if p.exists() and not overwrite:
+            raise SpemusicError(f"{p}: already exists (use --overwrite to replace it)")
+        parent = p.parent
+        if not parent.is_dir():
+            raise SpemusicError(f"{p}: cannot write: folder {parent} does not exist")
+        if not os.access(parent, os.W_OK):
+            raise SpemusicError(f"{p}: cannot write: folder {parent} is not writable")
+    return paths
+
+
+def write_atomically(data: bytes, path: Path) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def midi_bytes(midi: miditoolkit.MidiFile) -> bytes:
+    buf = io.BytesIO()
+    midi.dump(file=buf)
+    return buf.getvalue()
+
+
+def midi_stats(midi: miditoolkit.MidiFile) -> tuple[int, float]:
+    notes = sum(len(i.notes) for i in midi.instruments)
+    end = max((n.end for i in midi.instruments for n in i.notes), default=0)
+    return notes, float(midi.get_tick_to_time_mapping()[end]) if end else 0.0
+
+
+def count_bars(ids: np.ndarray, tokenizer: REMITokenizer) -> int:
+    return int(np.count_nonzero(np.asarray(ids) == tokenizer.bar_id))
+
+
+def bar_start_beats(ids: np.ndarray, tokenizer: REMITokenizer) -> list[float]:
+    """Start of every bar of a token sequence, in quarter notes from the start."""
+    grammar = REMIGrammar(tokenizer)
+    res = tokenizer.config.beat_resolution
+    starts, t, bar_steps, ts_lo, ts_hi = [], 0.0, 4 * res, *tokenizer.range("TimeSig")
+    for i, tok in enumerate(ids):
+        tok = int(tok)
+        if tok == tokenizer.bar_id:
+            if starts:
+                t += bar_steps / res
+            starts.append(t)
+            ts = _next_timesig(ids, i, ts_lo, ts_hi)
+            if ts is not None:
+                bar_steps = grammar.bar_steps[ts]
+    return starts
+
+
+def _next_timesig(ids, i, ts_lo, ts_hi):
+    if i + 1 < len(ids) and ts_lo <= int(ids[i + 1]) < ts_hi:
+        return int(ids[i + 1])
+    return None
+
+
+# ----------------------------------------------------------------------------- prompts
+
+@dataclass
+class Prompt:
+    midi: miditoolkit.MidiFile      # the user's file, cut to the prompt bars, otherwise untouched
+    ids: np.ndarray                 # its tokens, BOS … last note (no EOS)
+    end_beats: float                # where the continuation starts, in quarter notes
+    only_drums: bool
+
+
+def load_prompt(path: Path, tokenizer: REMITokenizer, prompt_bars: int | None = None) -> Prompt:
+    path = Path(path)
+    if not path.exists():
+        raise SpemusicError(f"{path}: no such file")
+    if path.is_dir():
+        raise SpemusicError(f"{path}: is a folder, not a MIDI file")
+    ids = tokenizer.encode(path)  # raises MidiError with the reason for corrupt/empty/note-less files
+    try:
+        midi = miditoolkit.MidiFile(str(path))
+    except Exception as e:  # noqa: BLE001
+        raise MidiError(f"{path}: cannot read MIDI ({str(e).splitlines()[0][:100]})") from None
+    ids = ids[:-1] if ids[-1] == tokenizer.eos_id else ids
+    bar_idx = np.flatnonzero(ids == tokenizer.bar_id)
+    starts = bar_start_beats(ids, tokenizer)
+    if prompt_bars is not None:
+        if prompt_bars < 1:
+            raise SpemusicError(f"--prompt-bars must be at least 1 (got {prompt_bars})")
+        if prompt_bars > len(bar_idx):
+            raise SpemusicError(f"{path}: the prompt has {len(bar_idx)} bars; --prompt-bars asks for {prompt_bars}")
+    if prompt_bars is not None and prompt_bars < len(bar_idx):
+        ids = ids[: bar_idx[prompt_bars]]
+        end_beats = starts[prompt_bars]
+        cut = round(end_beats * midi.ticks_per_beat)
+        for inst in midi.instruments:
+            inst.notes = [n for n in inst.notes if n.start < cut]
+        midi.instruments = [i for i in midi.instruments if i.notes]
+        midi.tempo_changes = [t for t in midi.tempo_changes if t.time < cut] or midi.tempo_changes[:1]
+        midi.time_signature_changes = [t for t in midi.time_signature_changes if t.time < cut] or midi.time_signature_changes[:1]
+    else:
+        # the last bar runs to its end: its length follows the time signature in force
+        bars = bar_start_beats(np.concatenate([ids, [tokenizer.bar_id]]), tokenizer)
+        end_beats = bars[-1]
+    if not any(i.notes for i in midi.instruments):
+        raise MidiError(f"{path}: no notes in the prompt")
+    only_drums = all(i.is_drum for i in midi.instruments if i.notes)
+    return Prompt(midi, np.asarray(ids, dtype=np.int64), end_beats, only_drums)
+
+
+def merge_continuation(prompt: Prompt, ids: np.ndarray, tokenizer: REMITokenizer,
+                       only_continuation: bool = False) -> miditoolkit.MidiFile:
+    """The prompt's own notes (its ticks, velocities, instruments) followed by the continuation's
+    notes, tempo and time-signature changes, converted to the prompt's resolution."""
+    import copy
+
+    decoded = tokenizer.decode(ids)
+    scale = prompt.midi.ticks_per_beat / decoded.ticks_per_beat
+    start_dec = prompt.end_beats * decoded.ticks_per_beat
+    shift = round(prompt.end_beats * prompt.midi.ticks_per_beat) if only_continuation else 0
+
+    def conv(t: int) -> int:
+        return round(t * scale) - shift
+
+    if only_continuation:
+        out = miditoolkit.MidiFile(ticks_per_beat=prompt.midi.ticks_per_beat)
+        last_tempo = [t for t in decoded.tempo_changes if t.time <= start_dec][-1:]
+        last_ts = [t for t in decoded.time_signature_changes if t.time <= start_dec][-1:]
+        out.tempo_changes = [miditoolkit.TempoChange(t.tempo, 0) for t in last_tempo]
+        out.time_signature_changes = [miditoolkit.TimeSignature(t.numerator, t.denominator, 0) for t in last_ts]
+    else:
+        out = copy.deepcopy(prompt.midi)
+    for t in decoded.tempo_changes:
+        if t.time >= start_dec and (not out.tempo_changes or abs(out.tempo_changes[-1].tempo - t.tempo) > 1e-6):
+            out.tempo_changes.append(miditoolkit.TempoChange(t.tempo, conv(t.time)))
+    for ts in decoded.time_signature_changes:
+        if ts.time >= start_dec:
+            last = out.time_signature_changes[-1] if out.time_signature_changes else None
+            if last is None or (last.numerator, last.denominator) != (ts.numerator, ts.denominator):
+                out.time_signature_changes.append(miditoolkit.TimeSignature(ts.numerator, ts.denominator, conv(ts.time)))
+    for inst in decoded.instruments:
+        notes = [n for n in inst.notes if n.start >= start_dec]
+        if not notes:
+            continue
+        target = next((i for i in out.instruments if i.is_drum == inst.is_drum
+                       and (inst.is_drum or i.program == inst.program)), None)
+        if target is None:
+            target = miditoolkit.Instrument(program=inst.program, is_drum=inst.is_drum, name=inst.name)
+            out.instruments.append(target)
+        for n in notes:
+            target.notes.append(miditoolkit.Note(n.velocity, n.pitch, conv(n.start), max(conv(n.end), conv(n.start) + 1)))
+        target.notes.sort(key=lambda n: (n.start, n.pitch))
+    out.max_tick = max((n.end for i in out.instruments for n in i.notes), default=0)
+    return out

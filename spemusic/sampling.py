@@ -1,0 +1,179 @@
+"""Sampling on the recurrent path: O(1) time and memory per token, grammar-masked, batched.
+
+One SPE draw and one set of FAVOR+ features per piece (`model.resample(seed)`), a prompt primed
+in one parallel pass, then `model.step` token by token.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from .errors import SpemusicError
+from .grammar import NOTE_END, GrammarState, REMIGrammar
+from .model import Performer
+from .tokenizer import REMITokenizer
+
+
+@dataclass
+class SamplingOptions:
+    temperature: float = 1.0
+    top_k: int = 0          # 0: off
+    top_p: float = 1.0      # 1.0: off
+
+    def check(self) -> None:
+        if not (self.temperature > 0 and np.isfinite(self.temperature)):
+            raise SpemusicError(f"--temperature must be a positive number (got {self.temperature})")
+        if self.top_k < 0:
+            raise SpemusicError(f"--top-k must be 0 (off) or a positive number (got {self.top_k})")
+        if not (0 < self.top_p <= 1):
+            raise SpemusicError(f"--top-p must be in (0, 1] (got {self.top_p})")
+
+
+def filter_logits(logits: torch.Tensor, opts: SamplingOptions) -> torch.Tensor:
+    """Temperature, then top-k, then nucleus (top-p) on B×V logits (masked tokens are -inf).
+    Top-p keeps the smallest set of most likely tokens whose mass reaches p; the most likely token
+    is always kept, and ties at the cut are broken by sort order (deterministic)."""
+    logits = logits.float() / opts.temperature
+    if opts.top_k > 0 and opts.top_k < logits.size(-1):
+        kth = torch.topk(logits, opts.top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if opts.top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+        probs = torch.softmax(sorted_logits, dim=-1)
+        mass_before = torch.cumsum(probs, dim=-1) - probs
+        drop_sorted = mass_before >= opts.top_p
+        drop_sorted[..., 0] = False
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    return logits
+
+
+@dataclass
+class SampleResult:
+    ids: list[np.ndarray]        # one valid sequence per piece, BOS ... EOS
+    new_tokens: int              # tokens sampled per piece
+    wall_seconds: float          # sampling time (model loading and priming excluded)
+    interrupted: bool = False
+
+
+def finish_sequence(ids: list[int], tokenizer: REMITokenizer, grammar: REMIGrammar, keep: int = 0,
+                    last_bar_complete: bool = False) -> np.ndarray:
+    """End a sampled sequence on a complete bar with EOS. The bar in progress is dropped unless it
+    is known to be complete (or dropping it would leave no new note); trailing empty bars are
+    dropped (they would not survive a MIDI round trip). The first `keep` tokens (a prompt) stay."""
+    ids = list(ids)
+    if ids and ids[-1] == tokenizer.eos_id:
+        return np.asarray(ids, dtype=np.int64)
+
+    def complete_prefix(seq: list[int]) -> list[int]:
+        # cut back to the last complete note (a cut may fall inside a note)
+        st, end = GrammarState(), keep
+        for i, t in enumerate(seq):
+            grammar.advance(st, t)
+            if st.last == NOTE_END and i >= keep:
+                end = i + 1
+        return seq[:end]
+
+    if not last_bar_complete:
+        bar_positions = [i for i, t in enumerate(ids) if t == tokenizer.bar_id and i >= keep]
+        if bar_positions and len(complete_prefix(ids[: bar_positions[-1]])) > keep:
+            ids = ids[: bar_positions[-1]]
+    ids = complete_prefix(ids)
+    return np.asarray(ids + [tokenizer.eos_id], dtype=np.int64)
+
+
+@torch.inference_mode()
+def sample(model: Performer, tokenizer: REMITokenizer, *, num: int = 1, length: int | None = None,
+           bars: int | None = None, prompt: np.ndarray | None = None, options: SamplingOptions | None = None,
+           seed: int = 0, on_token=None, should_stop=None) -> SampleResult:
+    """Sample `num` pieces of `length` new tokens (or `bars` new bars) after an optional prompt.
+
+    `prompt` is a token sequence without EOS (it will be continued with a new bar). `on_token(n, bars)`
+    is called after every sampling step; `should_stop()` returning True (or Ctrl-C) stops early and
+    returns the valid part generated so far."""
+    options = options or SamplingOptions()
+    options.check()
+    if (length is None) == (bars is None):
+        raise SpemusicError("give either --length or --bars")
+    if length is not None and length < 1:
+        raise SpemusicError(f"--length must be at least 1 (got {length})")
+    if bars is not None and bars < 1:
+        raise SpemusicError(f"--bars must be at least 1 (got {bars})")
+    grammar = REMIGrammar(tokenizer)
+    model.eval()
+    model.resample(seed)
+    device = next(model.parameters()).device
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+
+    if prompt is None:
+        prompt = np.array([tokenizer.bos_id], dtype=np.int64)
+    prompt = np.asarray(prompt, dtype=np.int64)
+    max_tokens = len(prompt) + (length if length is not None else 10**9)
+    if model.cfg.pe in ("ape", "sinusoidal", "axial") and length is not None and max_tokens > model.cfg.max_len:
+        raise SpemusicError(f"this model uses an absolute positional encoding limited to {model.cfg.max_len} "
+                            f"tokens; prompt + --length is {max_tokens}")
+    states = [GrammarState() for _ in range(num)]
+    for st in states:
+        for t in prompt:
+            grammar.advance(st, int(t))
+    seqs = [list(map(int, prompt)) for _ in range(num)]
+    bars_started = [0] * num
+    done = [False] * num
+    batch_prompt = torch.from_numpy(np.tile(prompt, (num, 1))).to(device)
+    logits, state = model.prime(batch_prompt)
+    logits = logits[:, -1]
+    # continuing a prompt starts a new bar: the prompt stays as the user wrote it
+    force_bar = len(prompt) > 1
+    # with --bars, a piece that never closes its bars is stopped all the same
+    max_new = length if length is not None else bars * 4096
+
+    interrupted = False
+    n = 0
+    t0 = time.perf_counter()
+    try:
+        while True:
+            masks = np.zeros((num, len(tokenizer)), dtype=bool)
+            for b in range(num):
+                if done[b]:
+                    masks[b, tokenizer.pad_id] = True
+                elif force_bar:
+                    masks[b, tokenizer.bar_id] = True
+                else:
+                    masks[b] = grammar.allowed(states[b], allow_eos=False)
+            force_bar = False
+            masked = logits.float().masked_fill(~torch.from_numpy(masks).to(device), float("-inf"))
+            probs = torch.softmax(filter_logits(masked, options), dim=-1).cpu()
+            nxt = torch.multinomial(probs, 1, generator=gen).squeeze(1)
+            n += 1
+            for b in range(num):
+                if done[b]:
+                    continue
+                t = int(nxt[b])
+                if t == tokenizer.bar_id:
+                    if bars is not None and bars_started[b] >= bars:
+                        done[b] = True  # this Bar would open bar B+1: all B bars are complete
+                        continue
+                    bars_started[b] += 1
+                seqs[b].append(t)
+                grammar.advance(states[b], t)
+                if len(seqs[b]) - len(prompt) >= max_new:
+                    done[b] = True
+            if on_token is not None:
+                on_token(n, max(bars_started))
+            if all(done):
+                break
+            if should_stop is not None and should_stop():
+                interrupted = True
+                break
+            logits, state = model.step(state, nxt.to(device))
+    except KeyboardInterrupt:
+        interrupted = True
+    wall = time.perf_counter() - t0
+    complete = bars is not None and not interrupted
+    out = [finish_sequence(s, tokenizer, grammar, keep=len(prompt), last_bar_complete=complete and d)
+           for s, d in zip(seqs, done)]
+    return SampleResult(out, n, wall, interrupted)
