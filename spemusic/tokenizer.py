@@ -1,0 +1,863 @@
+"""REMI tokenizer for multi-track MIDI: the token language of spemusic.
+
+Reading and writing go through symusic (C++); the encoding itself is
+vectorised numpy, so a whole POP909 song encodes in about a millisecond.
+miditoolkit objects are accepted and produced at the edges.
+
+Vocabulary (ids in this order; the order is part of the format)
+----------------------------------------------------------------
+``PAD``, ``BOS``, ``EOS``, ``Bar``,
+``TimeSig_{n}/{d}`` (``config.time_signatures``),
+``Position_{0..P-1}`` with ``P = max_bar_beats * beat_resolution``,
+``Tempo_{i}`` (bin index; ``tokenizer.tempo_values[i]`` is its BPM),
+``Program_{0..127}``, ``Program_drums``,
+``Pitch_{0..127}``,
+``Velocity_{i}`` (bin index; ``tokenizer.velocity_values[i]`` is its MIDI velocity),
+``Duration_{i}`` (bin index; ``tokenizer.duration_steps[i]`` is its length in grid steps).
+
+Bins
+----
+* Position grid: ``beat_resolution`` steps per quarter note (default 12,
+  so 16ths = 3 steps and 8th-triplets = 4 steps are exact).
+* Velocity: ``num_velocity_bins`` equal-width bins over 1..127; a bin
+  decodes to the middle velocity of its range.
+* Tempo: ``num_tempo_bins`` geometric bins from ``tempo_min`` to
+  ``tempo_max`` BPM (bin centres ``tempo_min * r**i``); a tempo is put in the
+  nearest bin in log space, tempos outside the range in the end bins.
+* Duration, in grid steps (``R = beat_resolution``): every step from 1 to R
+  (one beat); then multiples of R/4 and R/3 up to 2 beats (16ths and
+  triplets); then multiples of R/2 up to 4 beats; then whole beats up to
+  ``max_duration_beats``.  With the defaults: 1..12, 15, 16, 18, 20, 21, 24,
+  30, 36, 42, 48, 60, 72, 84, 96 (26 bins).  A note's duration is rounded to
+  grid steps (at least 1) and then to the nearest bin (ties to the shorter);
+  longer than the longest bin is clipped to it and counted.
+
+Sequence grammar (all the tokenizer ever emits; the sampler masks to it)
+-----------------------------------------------------------------------
+``BOS``, then per bar: ``Bar``, ``TimeSig_x`` on the first bar and wherever
+the time signature changes, then per onset in time order ``Position_p``
+(strictly increasing inside the bar, ``p`` < bar length in steps), an
+optional ``Tempo_t`` (always on the first onset of the piece, afterwards only
+where the tempo bin in force changes), then per note at that onset, sorted
+by (program, pitch) (non-decreasing; equal pairs are doublings) with drums
+after the 128 GM programs:
+``Program_x Pitch_y Velocity_v`` plus ``Duration_d`` for non-drum notes.
+Empty bars are a lone ``Bar`` (+ ``TimeSig``).  Finally ``EOS``.
+
+Timing rules
+------------
+* Onsets are rounded to the nearest grid step (half up); a note landing on
+  the next bar line belongs to that bar.  Tempo and time-signature events are
+  rounded to the grid the same way.
+* Bars follow the time-signature map (no TS -> 4/4; several at one time -> the
+  last).  A time signature that is not in the config maps to an allowed one
+  of the same bar length if there is one (closest denominator), else to the
+  one with the nearest bar length.  A change that falls inside a bar cuts that
+  bar short: the short bar gets the allowed time signature of exactly its
+  length; if none exists, the change moves to the nearest bar line.
+* The tempo token of an onset is the bin of the tempo in force at that onset
+  (a tempo change counts from the grid step it rounds to; before the first
+  tempo event MIDI's 120 BPM holds).
+* All tracks are merged; drums are symusic's ``track.is_drum`` (channel 10).
+  Notes that share (onset step, program, pitch) -- unison doublings across
+  tracks (POP909 doubles its melody in the piano track: 2.7% of its notes)
+  and flams that quantise to one step -- are all kept, longest and loudest
+  first, so no note is ever dropped; they are counted (``duplicate_notes``).
+  Inside an onset the notes are therefore sorted by (program, pitch)
+  non-decreasing, not strictly.
+
+Decoding writes ``ticks_per_beat = beat_resolution * 40`` files, one track
+per program (drums: ``is_drum``, program 0), drum notes one grid step long.
+A note that overlaps an earlier note of the same program and pitch (MIDI
+cannot hold both on one channel) goes to an extra "layer" track of the same
+program, so durations survive exactly; re-encoding merges the layers again.
+It ignores tokens that do not fit the grammar instead of failing.
+The round trip is idempotent: ``encode(decode(encode(f))) == encode(f)``.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import io
+import json
+import math
+import os
+import tempfile
+from dataclasses import asdict, dataclass, fields
+from fractions import Fraction
+from pathlib import Path
+from typing import Any, Iterable
+
+import numpy as np
+import symusic
+
+from spemusic.errors import MidiError
+
+__all__ = ["TokenizerConfig", "REMITokenizer", "TokenError", "default_time_signatures"]
+
+# Bump when the meaning of a token sequence changes: it is part of the fingerprint.
+SCHEME = "remi-1"
+TICKS_PER_STEP_OUT = 40
+MAX_BARS = 100_000  # guard against files with absurd note times
+
+KINDS = ("TimeSig", "Position", "Tempo", "Program", "Pitch", "Velocity", "Duration")
+_K_SPECIAL, _K_BAR, _K_TS, _K_POS, _K_TEMPO, _K_PROG, _K_PITCH, _K_VEL, _K_DUR = range(9)
+DRUMS = 128  # program code of drum notes
+
+
+class TokenError(MidiError, ValueError):
+    """A token string or id that is not in the vocabulary."""
+
+
+def default_time_signatures(max_bar_beats: int = 8, beat_resolution: int = 12) -> tuple[tuple[int, int], ...]:
+    """n/2 (n >= 2), n/4, n/8 and n/16 (odd n >= 5 only) with bar length <= max_bar_beats quarters."""
+    out: list[tuple[int, int]] = []
+    cands = [(n, 2) for n in range(2, 9)] + [(n, 4) for n in range(1, 17)] + [(n, 8) for n in range(1, 33)]
+    cands += [(n, 16) for n in (5, 7, 9, 11, 13, 15)]
+    for n, d in cands:
+        length = Fraction(4 * n, d)
+        if length <= max_bar_beats and (length * beat_resolution).denominator == 1:
+            out.append((n, d))
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class TokenizerConfig:
+    """Everything that defines the vocabulary and the quantisation.
+
+    ``time_signatures=()`` means the default set for ``max_bar_beats``
+    (see :func:`default_time_signatures`); it is filled in at construction.
+    """
+
+    beat_resolution: int = 12
+    num_velocity_bins: int = 32
+    num_tempo_bins: int = 32
+    tempo_min: float = 30.0
+    tempo_max: float = 300.0
+    max_duration_beats: int = 8
+    max_bar_beats: int = 8
+    time_signatures: tuple[tuple[int, int], ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.beat_resolution < 1 or self.max_bar_beats < 1 or self.max_duration_beats < 1:
+            raise ValueError("beat_resolution, max_bar_beats and max_duration_beats must be >= 1")
+        if not 1 <= self.num_velocity_bins <= 127:
+            raise ValueError("num_velocity_bins must be in 1..127")
+        if self.num_tempo_bins < 1 or not 0 < self.tempo_min <= self.tempo_max:
+            raise ValueError("need num_tempo_bins >= 1 and 0 < tempo_min <= tempo_max")
+        ts = self.time_signatures
+        if not ts:
+            ts = default_time_signatures(self.max_bar_beats, self.beat_resolution)
+        ts = tuple((int(n), int(d)) for n, d in ts)
+        for n, d in ts:
+            if n < 1 or d < 1:
+                raise ValueError(f"bad time signature {n}/{d}")
+            length = Fraction(4 * n, d)
+            if length > self.max_bar_beats:
+                raise ValueError(f"time signature {n}/{d} is longer than max_bar_beats={self.max_bar_beats}")
+            if (length * self.beat_resolution).denominator != 1:
+                raise ValueError(f"time signature {n}/{d} is not a whole number of grid steps")
+        if len(set(ts)) != len(ts):
+            raise ValueError("duplicate time signatures")
+        object.__setattr__(self, "time_signatures", ts)
+        object.__setattr__(self, "tempo_min", float(self.tempo_min))
+        object.__setattr__(self, "tempo_max", float(self.tempo_max))
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["time_signatures"] = [list(t) for t in self.time_signatures]
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "TokenizerConfig":
+        known = {f.name for f in fields(cls)}
+        unknown = set(d) - known
+        if unknown:
+            raise ValueError(f"unknown tokenizer config keys: {sorted(unknown)}")
+        d = dict(d)
+        if "time_signatures" in d:
+            d["time_signatures"] = tuple(tuple(int(x) for x in t) for t in d["time_signatures"])
+        return cls(**d)
+
+    def fingerprint(self) -> str:
+        """Short stable hash: sha1 of the sorted JSON of the config (plus the scheme version)."""
+        blob = json.dumps({"scheme": SCHEME, **self.to_dict()}, sort_keys=True, separators=(",", ":"))
+        return hashlib.sha1(blob.encode()).hexdigest()[:12]
+
+
+def _duration_bins(res: int, max_beats: int) -> np.ndarray:
+    top = res * max_beats
+    s: set[int] = set(range(1, res + 1))
+    for q in {max(1, res // 4), max(1, res // 3)}:
+        s.update(range(res, 2 * res + 1, q))
+    s.update(range(2 * res, 4 * res + 1, max(1, res // 2)))
+    s.update(range(4 * res, top + 1, res))
+    s.add(top)
+    return np.array(sorted(x for x in s if x <= top), dtype=np.int64)
+
+
+@functools.lru_cache(maxsize=1)
+def _gm_names() -> list[str]:
+    try:
+        from pretty_midi.constants import INSTRUMENT_MAP
+
+        return list(INSTRUMENT_MAP)
+    except Exception:  # pragma: no cover - pretty_midi is a dependency
+        return [f"Program {p}" for p in range(128)]
+
+
+def _one_line(msg: str, limit: int = 160) -> str:
+    msg = " ".join(str(msg).split())
+    for junk in ("MiniMidi: ", ": iostream error"):
+        msg = msg.replace(junk, "")
+    msg = msg.strip(" !:")
+    return msg[:limit] if len(msg) > limit else msg
+
+
+def _round_div(a: np.ndarray, num: int, den: int) -> np.ndarray:
+    """round(a * num / den), half up, exact in integers (a >= 0)."""
+    return (a.astype(np.int64) * (2 * num) + den) // (2 * den)
+
+
+class _Parsed:
+    __slots__ = ("name", "tpq", "time", "dur", "pitch", "vel", "prog", "tempo_time", "tempo_qpm", "ts_time", "ts_num", "ts_den")
+
+
+class REMITokenizer:
+    """REMI tokenizer; see the module docstring for the vocabulary and grammar."""
+
+    def __init__(self, config: TokenizerConfig | None = None):
+        self.config = cfg = config if config is not None else TokenizerConfig()
+        res = cfg.beat_resolution
+        self.ticks_per_beat_out = res * TICKS_PER_STEP_OUT
+        self.num_positions = cfg.max_bar_beats * res
+
+        # bins
+        nv = cfg.num_velocity_bins
+        v = np.arange(128)
+        self._vel_to_bin = np.clip((np.maximum(v, 1) - 1) * nv // 127, 0, nv - 1).astype(np.int64)
+        self.velocity_values = np.array(
+            [int((v[1:][self._vel_to_bin[1:] == b].min() + v[1:][self._vel_to_bin[1:] == b].max()) // 2) for b in range(nv)],
+            dtype=np.int64,
+        )
+        nt = cfg.num_tempo_bins
+        self._log_tmin = math.log(cfg.tempo_min)
+        self._log_tstep = (math.log(cfg.tempo_max) - self._log_tmin) / (nt - 1) if nt > 1 else 1.0
+        self.tempo_values = np.exp(self._log_tmin + self._log_tstep * np.arange(nt)) if nt > 1 else np.array([cfg.tempo_min])
+        self.duration_steps = _duration_bins(res, cfg.max_duration_beats)
+        top = int(self.duration_steps[-1])
+        self.max_duration_steps = top
+        table = np.abs(np.arange(top + 1)[:, None] - self.duration_steps[None, :])
+        self._dur_to_bin = np.argmin(table, axis=1).astype(np.int64)  # ties -> shorter bin
+
+        # time signatures
+        self.time_signatures = cfg.time_signatures
+        self._ts_len = np.array([n * 4 * res // d for n, d in self.time_signatures], dtype=np.int64)
+        self._ts_index = {ts: i for i, ts in enumerate(self.time_signatures)}
+        by_len: dict[int, int] = {}
+        for i, (n, d) in enumerate(self.time_signatures):  # prefer the simplest (first listed ... quarter-based)
+            L = int(self._ts_len[i])
+            if L not in by_len or d == 4:
+                by_len[L] = i
+        self._ts_by_len = by_len
+
+        # vocabulary
+        vocab = ["PAD", "BOS", "EOS", "Bar"]
+        kind = [_K_SPECIAL, _K_SPECIAL, _K_SPECIAL, _K_BAR]
+        value = [0, 1, 2, 0]
+        self._ranges: dict[str, tuple[int, int]] = {}
+
+        def add(name: str, k: int, items: Iterable[tuple[str, int]]) -> None:
+            start = len(vocab)
+            for s, val in items:
+                vocab.append(f"{name}_{s}")
+                kind.append(k)
+                value.append(val)
+            self._ranges[name] = (start, len(vocab))
+
+        add("TimeSig", _K_TS, ((f"{n}/{d}", i) for i, (n, d) in enumerate(self.time_signatures)))
+        add("Position", _K_POS, ((str(p), p) for p in range(self.num_positions)))
+        add("Tempo", _K_TEMPO, ((str(i), i) for i in range(nt)))
+        add("Program", _K_PROG, [(str(p), p) for p in range(128)] + [("drums", DRUMS)])
+        add("Pitch", _K_PITCH, ((str(p), p) for p in range(128)))
+        add("Velocity", _K_VEL, ((str(i), i) for i in range(nv)))
+        add("Duration", _K_DUR, ((str(i), i) for i in range(len(self.duration_steps))))
+        self.vocab: list[str] = vocab
+        self.token_to_id: dict[str, int] = {t: i for i, t in enumerate(vocab)}
+        self._kind = np.array(kind, dtype=np.int64)
+        self._value = np.array(value, dtype=np.int64)
+        self._kind_list = kind
+        self._value_list = value
+        self.pad_id, self.bos_id, self.eos_id, self.bar_id = 0, 1, 2, 3
+        self.drum_program_id = self._ranges["Program"][0] + DRUMS
+        self._ts_first = self._ranges["TimeSig"][0]
+        self._pos_first = self._ranges["Position"][0]
+        self._tempo_first = self._ranges["Tempo"][0]
+        self._prog_first = self._ranges["Program"][0]
+        self._pitch_first = self._ranges["Pitch"][0]
+        self._vel_first = self._ranges["Velocity"][0]
+        self._dur_first = self._ranges["Duration"][0]
+        self._default_ts = self.map_time_signature(4, 4)
+
+    # ------------------------------------------------------------------ basics
+    def __len__(self) -> int:
+        return len(self.vocab)
+
+    def __repr__(self) -> str:
+        return f"REMITokenizer(vocab={len(self)}, fingerprint={self.config.fingerprint()})"
+
+    def range(self, kind: str) -> tuple[int, int]:
+        """[start, stop) id range of a token kind (one of KINDS)."""
+        try:
+            return self._ranges[kind]
+        except KeyError:
+            raise ValueError(f"unknown token kind {kind!r}; expected one of {', '.join(KINDS)}") from None
+
+    def ids_to_tokens(self, ids) -> list[str]:
+        arr = np.asarray(ids, dtype=np.int64).ravel()
+        bad = (arr < 0) | (arr >= len(self.vocab))
+        if bad.any():
+            raise TokenError(f"token id {int(arr[bad][0])} is not in the vocabulary (size {len(self.vocab)})")
+        v = self.vocab
+        return [v[i] for i in arr.tolist()]
+
+    def tokens_to_ids(self, tokens: Iterable[str]) -> np.ndarray:
+        t2i = self.token_to_id
+        out = []
+        for tok in tokens:
+            i = t2i.get(tok)
+            if i is None:
+                raise TokenError(f"unknown token {tok!r}")
+            out.append(i)
+        return np.array(out, dtype=np.int32)
+
+    def bar_starts(self, ids) -> np.ndarray:
+        """Indices of the Bar tokens in ids."""
+        return np.flatnonzero(np.asarray(ids) == self.bar_id)
+
+    # ------------------------------------------------------------------ bins
+    def velocity_bin(self, velocity):
+        return self._vel_to_bin[np.clip(np.asarray(velocity, dtype=np.int64), 0, 127)]
+
+    def duration_bin(self, steps):
+        """Bin index of a duration in grid steps (>= 1); longer ones are clipped to the last bin."""
+        return self._dur_to_bin[np.clip(np.asarray(steps, dtype=np.int64), 1, self.max_duration_steps)]
+
+    def tempo_bin(self, bpm):
+        b = np.asarray(bpm, dtype=np.float64)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            x = np.rint((np.log(np.where(b > 0, b, 120.0)) - self._log_tmin) / self._log_tstep)
+        x = np.nan_to_num(x, nan=0.0, posinf=self.config.num_tempo_bins - 1, neginf=0.0)
+        return np.clip(x, 0, self.config.num_tempo_bins - 1).astype(np.int64)
+
+    @functools.lru_cache(maxsize=256)
+    def map_time_signature(self, numerator: int, denominator: int) -> int:
+        """Index into config.time_signatures of the allowed TS used for numerator/denominator."""
+        ts = (int(numerator), int(denominator))
+        if ts in self._ts_index:
+            return self._ts_index[ts]
+        if ts[0] < 1 or ts[1] < 1:
+            ts = (4, 4)
+            if ts in self._ts_index:
+                return self._ts_index[ts]
+        length = Fraction(4 * ts[0], ts[1])
+        best, best_key = 0, None
+        for i, (n, d) in enumerate(self.time_signatures):
+            key = (abs(Fraction(4 * n, d) - length), abs(math.log2(d) - math.log2(ts[1])), i)
+            if best_key is None or key < best_key:
+                best, best_key = i, key
+        return best
+
+    # ------------------------------------------------------------------ reading
+    def _read(self, midi) -> _Parsed:
+        name = "<midi>"
+        if isinstance(midi, (str, os.PathLike)):
+            name = str(midi)
+            try:
+                with open(midi, "rb") as fh:
+                    data = fh.read()
+            except FileNotFoundError:
+                raise MidiError(f"{name}: no such file") from None
+            except IsADirectoryError:
+                raise MidiError(f"{name}: is a directory, not a MIDI file") from None
+            except OSError as e:
+                raise MidiError(f"{name}: cannot read ({_one_line(e.strerror or e)})") from None
+            score = self._parse_bytes(data, name)
+        elif isinstance(midi, (bytes, bytearray, memoryview)):
+            name = "<bytes>"
+            score = self._parse_bytes(bytes(midi), name)
+        elif isinstance(midi, symusic.Score):
+            name = "<symusic.Score>"
+            score = midi if midi.ttype == "Tick" or str(midi.ttype).lower().endswith("tick") else midi.to("tick")
+        elif type(midi).__module__.startswith("miditoolkit"):
+            return self._from_miditoolkit(midi)
+        else:
+            raise TypeError(f"cannot encode a {type(midi).__name__}; pass a path, bytes, a miditoolkit.MidiFile or a symusic.Score")
+        return self._from_score(score, name)
+
+    @staticmethod
+    def _parse_bytes(data: bytes, name: str) -> symusic.Score:
+        if len(data) == 0:
+            raise MidiError(f"{name}: empty file")
+        if not data.startswith(b"MThd"):
+            if data.startswith(b"RIFF"):
+                raise MidiError(f"{name}: RIFF MIDI files are not supported (bad header)")
+            raise MidiError(f"{name}: not a MIDI file (bad header)")
+        try:
+            return symusic.Score.from_midi(data)
+        except Exception as e:  # symusic raises RuntimeError/ValueError with a C++ message
+            raise MidiError(f"{name}: corrupt MIDI file ({_one_line(e)})") from None
+
+    def _from_score(self, score: symusic.Score, name: str) -> _Parsed:
+        p = _Parsed()
+        p.name = name
+        p.tpq = int(score.ticks_per_quarter)
+        if p.tpq <= 0:
+            raise MidiError(f"{name}: invalid ticks per beat ({p.tpq})")
+        times, durs, pitches, vels, progs = [], [], [], [], []
+        for tr in score.tracks:
+            if len(tr.notes) == 0:
+                continue
+            a = tr.notes.numpy()
+            times.append(a["time"])
+            durs.append(a["duration"])
+            pitches.append(a["pitch"])
+            vels.append(a["velocity"])
+            progs.append(np.full(len(a["time"]), DRUMS if tr.is_drum else int(tr.program), dtype=np.int64))
+        if not times:
+            raise MidiError(f"{name}: no notes")
+        p.time = np.concatenate(times).astype(np.int64)
+        p.dur = np.concatenate(durs).astype(np.int64)
+        p.pitch = np.concatenate(pitches).astype(np.int64)
+        p.vel = np.concatenate(vels).astype(np.int64)
+        p.prog = np.concatenate(progs)
+        t = score.tempos.numpy()
+        p.tempo_time = t["time"].astype(np.int64)
+        with np.errstate(divide="ignore"):
+            p.tempo_qpm = 6e7 / t["mspq"].astype(np.float64)
+        s = score.time_signatures.numpy()
+        p.ts_time = s["time"].astype(np.int64)
+        p.ts_num = s["numerator"].astype(np.int64)
+        p.ts_den = s["denominator"].astype(np.int64)
+        return p
+
+    def _from_miditoolkit(self, mf) -> _Parsed:
+        name = "<miditoolkit.MidiFile>"
+        p = _Parsed()
+        p.name = name
+        p.tpq = int(mf.ticks_per_beat)
+        if p.tpq <= 0:
+            raise MidiError(f"{name}: invalid ticks per beat ({p.tpq})")
+        rows = [
+            (n.start, n.end - n.start, n.pitch, n.velocity, DRUMS if inst.is_drum else inst.program)
+            for inst in mf.instruments
+            for n in inst.notes
+        ]
+        if not rows:
+            raise MidiError(f"{name}: no notes")
+        a = np.array(rows, dtype=np.int64)
+        p.time, p.dur, p.pitch, p.vel, p.prog = (a[:, i] for i in range(5))
+        if (p.time < 0).any():
+            raise MidiError(f"{name}: negative note times")
+        p.dur = np.maximum(p.dur, 0)
+        tc = sorted(mf.tempo_changes, key=lambda x: x.time)
+        p.tempo_time = np.array([x.time for x in tc], dtype=np.int64)
+        p.tempo_qpm = np.array([x.tempo for x in tc], dtype=np.float64)
+        tsc = sorted(mf.time_signature_changes, key=lambda x: x.time)
+        p.ts_time = np.array([x.time for x in tsc], dtype=np.int64)
+        p.ts_num = np.array([x.numerator for x in tsc], dtype=np.int64)
+        p.ts_den = np.array([x.denominator for x in tsc], dtype=np.int64)
+        return p
+
+    # ------------------------------------------------------------------ encoding
+    def encode(self, midi) -> np.ndarray:
+        """Token ids (int32) of a MIDI file: path, bytes, miditoolkit.MidiFile or symusic.Score."""
+        return self.encode_with_stats(midi)[0]
+
+    def encode_with_stats(self, midi) -> tuple[np.ndarray, dict[str, Any]]:
+        """Token ids plus round-trip statistics of the quantisation.
+
+        stats: notes (in the file), notes_encoded, dropped_duplicates,
+        clipped_durations, moved_onsets (notes not on the grid),
+        max_onset_error_ticks (in the file's ticks), ticks_per_beat, bars,
+        tokens, ts_changes_moved (off-bar changes moved to a bar line),
+        tempos_clipped (tempo events outside tempo_min..tempo_max).
+        """
+        p = self._read(midi)
+        return self._encode_parsed(p)
+
+    def _bars(self, p: _Parsed, last_step: int, res: int) -> tuple[np.ndarray, np.ndarray, int]:
+        """Bar start steps and TS index per bar, from the time-signature map."""
+        tpq = p.tpq
+        segs: list[tuple[int, int]] = []
+        if len(p.ts_time):
+            order = np.argsort(p.ts_time, kind="stable")
+            steps = _round_div(p.ts_time[order], res, tpq).tolist()
+            nums = p.ts_num[order].tolist()
+            dens = p.ts_den[order].tolist()
+            for st, n, d in zip(steps, nums, dens):
+                ti = self.map_time_signature(n, d)
+                if segs and segs[-1][0] == st:
+                    segs[-1] = (st, ti)  # several at one time: the last wins
+                else:
+                    segs.append((st, ti))
+        if not segs or segs[0][0] > 0:
+            segs.insert(0, (0, self._default_ts))
+        segs = [s for i, s in enumerate(segs) if i == 0 or s[0] <= last_step]
+        ts_len = self._ts_len
+        starts: list[np.ndarray] = []
+        tsids: list[np.ndarray] = []
+        moved = 0
+        cur = 0
+        nbars = 0
+        min_len = int(ts_len.min())
+        if (last_step // min_len) + 2 > MAX_BARS:
+            raise MidiError(f"{p.name}: too long (a note at beat {last_step / res:.0f})")
+        for i, (_, t) in enumerate(segs):
+            L = int(ts_len[t])
+            if i + 1 < len(segs):
+                b = segs[i + 1][0]
+                if b <= cur:
+                    continue  # superseded (an earlier change was moved past it)
+                n_full, rem = divmod(b - cur, L)
+                starts.append(np.arange(cur, cur + n_full * L, L, dtype=np.int64))
+                tsids.append(np.full(n_full, t, dtype=np.int64))
+                if rem:
+                    tk = self._ts_by_len.get(rem)
+                    end = cur + n_full * L
+                    if tk is not None:  # the short bar gets the TS of its length
+                        starts.append(np.array([end], dtype=np.int64))
+                        tsids.append(np.array([tk], dtype=np.int64))
+                        cur = b
+                    else:
+                        moved += 1
+                        if 2 * rem < L:
+                            cur = end  # move the change back to the bar line
+                        else:
+                            starts.append(np.array([end], dtype=np.int64))
+                            tsids.append(np.array([t], dtype=np.int64))
+                            cur = end + L
+                else:
+                    cur = b
+            else:
+                n = max(0, (last_step - cur) // L + 1)
+                starts.append(np.arange(cur, cur + n * L, L, dtype=np.int64))
+                tsids.append(np.full(n, t, dtype=np.int64))
+        bar_start = np.concatenate(starts)
+        bar_ts = np.concatenate(tsids)
+        nbars = len(bar_start)
+        if nbars > MAX_BARS:
+            raise MidiError(f"{p.name}: too long ({nbars} bars)")
+        return bar_start, bar_ts, moved
+
+    def _encode_parsed(self, p: _Parsed) -> tuple[np.ndarray, dict[str, Any]]:
+        cfg = self.config
+        res = cfg.beat_resolution
+        tpq = p.tpq
+        n_in = len(p.time)
+        time = np.maximum(p.time, 0)
+        on = _round_div(time, res, tpq)
+        err_num = np.abs(time * res - on * tpq)  # error in ticks * res
+        moved_onsets = int(np.count_nonzero(err_num))
+        max_err = float(err_num.max()) / res if n_in else 0.0
+        dsteps = np.maximum(_round_div(np.maximum(p.dur, 0), res, tpq), 1)
+        pitch = np.clip(p.pitch, 0, 127)
+        prog = p.prog
+        drum = prog == DRUMS
+        clipped_mask = (dsteps > self.max_duration_steps) & ~drum
+
+        vbin = self._vel_to_bin[np.clip(p.vel, 0, 127)]
+        dbin = self._dur_to_bin[np.minimum(dsteps, self.max_duration_steps)]
+        # sort by (onset, program, pitch), then longest and loudest (in bins) first.  Notes that
+        # share (onset, program, pitch) are kept (unison doublings across tracks, flams that
+        # quantise to one step); decode puts them on separate layer tracks.
+        order = np.lexsort((-vbin, -np.where(drum, 0, dbin), pitch, prog, on))  # drums: no duration
+        on, prog, pitch, drum = on[order], prog[order], pitch[order], drum[order]
+        vbin, dbin, clipped_mask = vbin[order], dbin[order], clipped_mask[order]
+        same = (on[1:] == on[:-1]) & (prog[1:] == prog[:-1]) & (pitch[1:] == pitch[:-1])
+        duplicates = int(same.sum())
+        dropped = 0
+        n = len(on)
+        clipped = int(clipped_mask.sum())
+
+        last_step = int(on[-1])
+        bar_start, bar_ts, ts_moved = self._bars(p, last_step, res)
+        nb = len(bar_start)
+        ts_flag = np.ones(nb, dtype=bool)
+        ts_flag[1:] = bar_ts[1:] != bar_ts[:-1]
+
+        # onsets
+        first = np.ones(n, dtype=bool)
+        first[1:] = on[1:] != on[:-1]
+        u_step = on[first]
+        nu = len(u_step)
+        u_bar = np.searchsorted(bar_start, u_step, side="right") - 1
+        u_pos = u_step - bar_start[u_bar]
+
+        # tempo in force at each onset
+        if len(p.tempo_time):
+            torder = np.argsort(p.tempo_time, kind="stable")
+            t_steps = np.concatenate(([-1], _round_div(np.maximum(p.tempo_time[torder], 0), res, tpq)))
+            qpm = p.tempo_qpm[torder]
+            t_bins = np.concatenate((self.tempo_bin([120.0]), self.tempo_bin(qpm)))
+            tempos_clipped = int(np.count_nonzero((qpm < cfg.tempo_min * 0.999) | (qpm > cfg.tempo_max * 1.001)))
+        else:
+            t_steps = np.array([-1], dtype=np.int64)
+            t_bins = self.tempo_bin([120.0])
+            tempos_clipped = 0
+        u_tempo = t_bins[np.searchsorted(t_steps, u_step, side="right") - 1]
+        tempo_flag = np.ones(nu, dtype=bool)
+        tempo_flag[1:] = u_tempo[1:] != u_tempo[:-1]
+
+        # layout: items are bar headers, onset headers and notes, ordered by (step, type, rank)
+        bar_len = 1 + ts_flag.astype(np.int64)
+        on_len = 1 + tempo_flag.astype(np.int64)
+        note_len = 4 - drum.astype(np.int64)
+        item_step = np.concatenate((bar_start, u_step, on))
+        item_type = np.concatenate((np.zeros(nb, np.int64), np.ones(nu, np.int64), np.full(n, 2, np.int64)))
+        item_rank = np.concatenate((np.zeros(nb + nu, np.int64), np.arange(n, dtype=np.int64)))
+        item_len = np.concatenate((bar_len, on_len, note_len))
+        iorder = np.lexsort((item_rank, item_type, item_step))
+        offs_sorted = np.cumsum(item_len[iorder]) - item_len[iorder] + 1  # +1 for BOS
+        offs = np.empty_like(offs_sorted)
+        offs[iorder] = offs_sorted
+        total = int(item_len.sum()) + 2
+        out = np.empty(total, dtype=np.int32)
+        out[0] = self.bos_id
+        out[-1] = self.eos_id
+        bo, uo, no = offs[:nb], offs[nb : nb + nu], offs[nb + nu :]
+        out[bo] = self.bar_id
+        out[bo[ts_flag] + 1] = self._ts_first + bar_ts[ts_flag]
+        out[uo] = self._pos_first + u_pos
+        out[uo[tempo_flag] + 1] = self._tempo_first + u_tempo[tempo_flag]
+        out[no] = self._prog_first + prog
+        out[no + 1] = self._pitch_first + pitch
+        out[no + 2] = self._vel_first + vbin
+        nd = ~drum
+        out[no[nd] + 3] = self._dur_first + dbin[nd]
+
+        stats = {
+            "notes": n_in,
+            "notes_encoded": n,
+            "dropped_duplicates": dropped,
+            "duplicate_notes": duplicates,
+            "clipped_durations": clipped,
+            "moved_onsets": moved_onsets,
+            "max_onset_error_ticks": max_err,
+            "ticks_per_beat": tpq,
+            "bars": nb,
+            "tokens": total,
+            "ts_changes_moved": ts_moved,
+            "tempos_clipped": tempos_clipped,
+        }
+        return out, stats
+
+    # ------------------------------------------------------------------ decoding
+    def _decode_events(self, ids):
+        """Walk ids; return note arrays (step, duration steps, pitch, velocity, program code), tempos and TSs."""
+        kinds, vals = self._kind_list, self._value_list
+        V = len(kinds)
+        ts_len = self._ts_len.tolist()
+        cur_ts = self._default_ts
+        bar_len = ts_len[cur_ts]
+        bar_start = 0
+        started = False
+        onset = 0
+        prog = pitch = vel = -1
+        n_step: list[int] = []
+        n_dur: list[int] = []
+        n_pitch: list[int] = []
+        n_vel: list[int] = []
+        n_prog: list[int] = []
+        tempos: list[tuple[int, int]] = []  # (step, bin)
+        tss: list[tuple[int, int]] = []  # (step, ts index)
+        vel_vals = self.velocity_values.tolist()
+        dur_vals = self.duration_steps.tolist()
+        if isinstance(ids, np.ndarray):
+            ids = ids.ravel().tolist()
+        for i in ids:
+            i = int(i)
+            if i < 0 or i >= V:
+                continue
+            k = kinds[i]
+            if k == _K_PROG:
+                prog, pitch, vel = vals[i], -1, -1
+            elif k == _K_PITCH:
+                if prog >= 0:
+                    pitch, vel = vals[i], -1
+            elif k == _K_VEL:
+                if pitch >= 0 and vel < 0:
+                    vel = vals[i]
+                    if prog == DRUMS:
+                        n_step.append(onset)
+                        n_dur.append(1)
+                        n_pitch.append(pitch)
+                        n_vel.append(vel_vals[vel])
+                        n_prog.append(prog)
+                        prog = pitch = vel = -1
+            elif k == _K_DUR:
+                if vel >= 0 and prog != DRUMS:
+                    n_step.append(onset)
+                    n_dur.append(dur_vals[vals[i]])
+                    n_pitch.append(pitch)
+                    n_vel.append(vel_vals[vel])
+                    n_prog.append(prog)
+                prog = pitch = vel = -1
+            elif k == _K_POS:
+                if not started:
+                    started = True
+                    tss.append((0, cur_ts))
+                onset = bar_start + vals[i]
+                prog = pitch = vel = -1
+            elif k == _K_BAR:
+                if started:
+                    bar_start += bar_len
+                else:
+                    started = True
+                    tss.append((0, cur_ts))
+                onset = bar_start
+                prog = pitch = vel = -1
+            elif k == _K_TS:
+                if not started:
+                    started = True
+                cur_ts = vals[i]
+                bar_len = ts_len[cur_ts]
+                if tss and tss[-1][0] == bar_start:
+                    tss[-1] = (bar_start, cur_ts)
+                elif not tss or tss[-1][1] != cur_ts:
+                    tss.append((bar_start, cur_ts))
+            elif k == _K_TEMPO:
+                t = vals[i]
+                if tempos and tempos[-1][0] == onset:
+                    tempos[-1] = (onset, t)
+                elif not tempos or tempos[-1][1] != t:
+                    tempos.append((onset, t))
+            elif i == self.eos_id:
+                break
+        # merge consecutive duplicates after in-place replacement
+        tss = [x for j, x in enumerate(tss) if j == 0 or x[1] != tss[j - 1][1]]
+        tempos = [x for j, x in enumerate(tempos) if j == 0 or x[1] != tempos[j - 1][1]]
+        if tempos:
+            tempos[0] = (0, tempos[0][1])  # the first tempo holds from the start
+        notes = (
+            np.array(n_step, dtype=np.int64),
+            np.array(n_dur, dtype=np.int64),
+            np.array(n_pitch, dtype=np.int64),
+            np.array(n_vel, dtype=np.int64),
+            np.array(n_prog, dtype=np.int64),
+        )
+        return notes, tempos, tss
+
+    @staticmethod
+    def _layers(step: np.ndarray, dur: np.ndarray, pitch: np.ndarray, prog: np.ndarray) -> np.ndarray:
+        """Layer per note: 0 unless it overlaps an earlier note of the same (program, pitch)."""
+        n = len(step)
+        layer = np.zeros(n, dtype=np.int64)
+        if n < 2:
+            return layer
+        end = step + np.where(prog == DRUMS, 1, dur)
+        key = prog * 128 + pitch
+        o = np.lexsort((step, key))
+        ks, ss, es = key[o], step[o], end[o]
+        ov = (ks[1:] == ks[:-1]) & (ss[1:] < es[:-1])
+        if not ov.any():
+            return layer
+        bad_keys = np.unique(ks[1:][ov])
+        sel = np.flatnonzero(np.isin(ks, bad_keys))
+        cur_key = -1
+        ends: list[int] = []
+        for j in sel.tolist():
+            if ks[j] != cur_key:
+                cur_key, ends = ks[j], []
+            s = int(ss[j])
+            for li, e in enumerate(ends):
+                if e <= s:
+                    break
+            else:
+                li = len(ends)
+                ends.append(0)
+            ends[li] = int(es[j])
+            layer[o[j]] = li
+        return layer
+
+    def _tracks(self, step, dur, pitch, vel, prog):
+        """Yield (name, program, is_drum, mask) per output track: one per program and layer."""
+        names = _gm_names()
+        layer = self._layers(step, dur, pitch, prog)
+        combo = prog * 1024 + layer
+        for c in np.unique(combo).tolist():
+            pc, li = divmod(c, 1024)
+            drum = pc == DRUMS
+            name = "Drums" if drum else names[pc]
+            if li:
+                name = f"{name} (layer {li + 1})"
+            yield name, (0 if drum else pc), drum, combo == c
+
+    def _tempo_mspq(self, b: int) -> int:
+        return int(round(6e7 / float(self.tempo_values[b])))
+
+    def decode_to_score(self, ids) -> symusic.Score:
+        """Decode ids to a symusic Score (ticks_per_quarter = beat_resolution * 40)."""
+        (step, dur, pitch, vel, prog), tempos, tss = self._decode_events(ids)
+        k = TICKS_PER_STEP_OUT
+        score = symusic.Score(self.ticks_per_beat_out)
+        for name, program, drum, m in self._tracks(step, dur, pitch, vel, prog):
+            tr = symusic.Track(name=name, program=program, is_drum=drum)
+            tr.notes = symusic.Note.from_numpy(
+                (step[m] * k).astype(np.int32),
+                (dur[m] * k).astype(np.int32),
+                pitch[m].astype(np.int8),
+                vel[m].astype(np.int8),
+                ttype="tick",
+            )
+            score.tracks.append(tr)
+        if tempos:
+            score.tempos = symusic.Tempo.from_numpy(
+                np.array([s * k for s, _ in tempos], dtype=np.int32),
+                np.array([self._tempo_mspq(b) for _, b in tempos], dtype=np.int32),
+                ttype="tick",
+            )
+        if tss:
+            score.time_signatures = symusic.TimeSignature.from_numpy(
+                np.array([s * k for s, _ in tss], dtype=np.int32),
+                np.array([self.time_signatures[t][0] for _, t in tss], dtype=np.uint8),
+                np.array([self.time_signatures[t][1] for _, t in tss], dtype=np.uint8),
+                ttype="tick",
+            )
+        return score
+
+    def decode(self, ids):
+        """Decode ids to a miditoolkit.MidiFile (ticks_per_beat = beat_resolution * 40)."""
+        from miditoolkit import Instrument, MidiFile, Note, TempoChange, TimeSignature
+
+        (step, dur, pitch, vel, prog), tempos, tss = self._decode_events(ids)
+        k = TICKS_PER_STEP_OUT
+        mf = MidiFile(ticks_per_beat=self.ticks_per_beat_out)
+        for name, program, drum, m in self._tracks(step, dur, pitch, vel, prog):
+            inst = Instrument(program=program, is_drum=drum, name=name)
+            inst.notes = [
+                Note(velocity=v, pitch=p, start=s * k, end=(s + d) * k)
+                for s, d, p, v in zip(step[m].tolist(), dur[m].tolist(), pitch[m].tolist(), vel[m].tolist())
+            ]
+            mf.instruments.append(inst)
+        mf.tempo_changes = [TempoChange(6e7 / self._tempo_mspq(b), s * k) for s, b in tempos]
+        mf.time_signature_changes = [TimeSignature(*self.time_signatures[t], s * k) for s, t in tss]
+        mf.max_tick = int(max(((step + dur) * k).max(initial=0), 0))
+        return mf
+
+    def write_midi(self, ids, path) -> None:
+        """Decode ids and write a MIDI file atomically (temporary file + os.replace)."""
+        data = self.decode_to_score(ids).dumps_midi()
+        path = Path(path)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent or ".")
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(data)
+            os.replace(tmp, path)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise
