@@ -1,0 +1,348 @@
+"""Model tests: SPE statistics, FAVOR+ chunked vs recurrent paths, PE options.
+
+All on CPU and fast (tiny configs)."""
+import math
+
+import pytest
+import torch
+
+from spemusic.attention import (
+    chunked_linear_attention,
+    favor_key,
+    favor_query,
+    linear_attention_reference,
+    linear_attention_step,
+    orthogonal_features,
+)
+from spemusic.errors import SpemusicError
+from spemusic.model import ModelConfig, Performer
+from spemusic.spe import ConvSPE, SineSPE, SPEFilter
+
+V = 97
+
+
+def _model(**kw) -> Performer:
+    torch.manual_seed(0)
+    cfg = ModelConfig.preset("tiny", vocab_size=V, **kw)
+    m = Performer(cfg)
+    # Sharpen the random model so the comparison is meaningful: larger logits,
+    # peakier attention, larger q/k norms (exercises the FAVOR+ stabiliser).
+    with torch.no_grad():
+        m.tok.weight.mul_(50.0)
+        for b in m.blocks:
+            b.attn.qkv.weight.mul_(3.0)
+        if m.spe is not None:
+            for s in m.spe:
+                if isinstance(s, SineSPE):
+                    s.freqs.add_(2.0)  # higher frequencies: positions matter more
+    return m.eval()
+
+
+PE_CASES = [
+    ("sinespe", True, "favor"),
+    ("sinespe", False, "favor"),
+    ("convspe", True, "favor"),
+    ("convspe", False, "favor"),
+    ("ape", True, "favor"),
+    ("sinusoidal", True, "favor"),
+    ("axial", True, "favor"),
+    ("none", True, "favor"),
+    ("sinespe", True, "softmax"),
+    ("none", True, "softmax"),
+]
+
+
+@pytest.mark.parametrize("pe,gated,attention", PE_CASES)
+def test_parallel_equals_recurrent(pe, gated, attention):
+    m = _model(pe=pe, gated=gated, attention=attention)
+    m.resample(7)
+    T = 1024
+    ids = torch.randint(0, V, (2, T), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        full = m(ids)
+    assert full.shape == (2, T, V)
+    assert full.abs().max() > 1.0  # the comparison is not between tiny numbers
+
+    # prime on the first half + step over the second half
+    lp, st = m.prime(ids[:, : T // 2])
+    outs = [lp]
+    for t in range(T // 2, T):
+        logits, st = m.step(st, ids[:, t])
+        outs.append(logits[:, None])
+    assert st.position == T
+    primed = torch.cat(outs, 1)
+    assert (primed - full).abs().max().item() <= 1e-4
+
+    # step alone from the start
+    st = m.init_state(2)
+    outs = []
+    for t in range(T):
+        logits, st = m.step(st, ids[:, t])
+        outs.append(logits[:, None])
+    stepped = torch.cat(outs, 1)
+    assert (stepped - full).abs().max().item() <= 1e-4
+    if attention == "favor":
+        for s in st.layers:  # O(1) state: (B, H, M, Dv+1) fp32
+            assert s.shape == (2, m.cfg.n_heads, m.cfg.n_features, m.cfg.d_head + 1)
+            assert s.dtype == torch.float32
+
+
+def test_eval_mode_is_a_fixed_function_and_training_redraws():
+    m = _model(pe="sinespe")
+    ids = torch.randint(0, V, (1, 64))
+    with torch.no_grad():
+        a = m(ids)  # lazily behaves as resample(0)
+        m.resample(0)
+        b = m(ids)
+        m.resample(1)
+        c = m(ids)
+    assert torch.equal(a, b)
+    assert (a - c).abs().max() > 1e-3
+    m.train()
+    with torch.no_grad():
+        d, e = m(ids), m(ids)
+    assert (d - e).abs().max() > 1e-3  # a fresh SPE code per training forward
+
+
+def test_favor_features_are_persistent_and_kept_by_resample():
+    m = _model(pe="sinespe")
+    sd = m.state_dict()
+    keys = [k for k in sd if k.endswith("omega")]
+    assert len(keys) == m.cfg.n_layers
+    om = sd[keys[0]].clone()
+    m.resample(5)
+    assert torch.equal(m.state_dict()[keys[0]], om)
+    m.resample(5, redraw_features=True)
+    assert not torch.equal(m.state_dict()[keys[0]], om)
+    m2 = Performer(m.cfg)
+    m2.load_state_dict(m.state_dict())
+    m.redraw_features(torch.Generator().manual_seed(3))
+    assert not torch.equal(m.state_dict()[keys[0]], m2.state_dict()[keys[0]])
+
+
+# ----------------------------------------------------------------------- SPE statistics
+# Each realization r gives an unbiased estimate R·q̂_m[r]·k̂_n[r] of
+# Σ_d q_d k_d P_d(m-n). We average N = R realizations and accept a deviation of
+# 5 standard errors (sample std / √N): a false failure has probability < 1e-6
+# (and the test is seeded).
+
+
+def _estimate(qbar_m, kbar_n, q, k):
+    """qbar_m, kbar_n: (H, D, R); q, k: (H, D) -> per-head mean and standard error."""
+    R = qbar_m.shape[-1]
+    qh = torch.einsum("hd,hdr->hr", q, qbar_m).double()
+    kh = torch.einsum("hd,hdr->hr", k, kbar_n).double()
+    samples = R * qh * kh  # (H, R)
+    return samples.mean(-1), samples.std(-1) / math.sqrt(R)
+
+
+def test_sinespe_relative_in_expectation():
+    torch.manual_seed(0)
+    H, D, K, R = 2, 4, 3, 100_000
+    spe = SineSPE(H, D, K, R)
+    with torch.no_grad():
+        spe.freqs.add_(2.0)
+    q, k = torch.randn(H, D), torch.randn(H, D)
+    code = spe.draw(torch.Generator().manual_seed(1))
+    lag = 7
+    estimates = []
+    for m0 in (10, 1_010, 100_010):
+        pos = torch.tensor([m0, m0 - lag], dtype=torch.float64)
+        qbar, kbar = SineSPE.materialize(spe.context(code, pos))
+        est, se = _estimate(qbar[0], kbar[1], q, k)
+        target = (q * k * spe.kernel(torch.tensor(float(lag)))).sum(-1).double()
+        assert ((est - target).abs() <= 5 * se).all(), (m0, est, target, se)
+        estimates.append((est, se))
+    # the same lag at different absolute positions: same value
+    (e0, s0), (e1, s1), (e2, s2) = estimates
+    assert ((e0 - e1).abs() <= 5 * (s0**2 + s1**2).sqrt()).all()
+    assert ((e0 - e2).abs() <= 5 * (s0**2 + s2**2).sqrt()).all()
+    # and a different lag gives a (clearly) different kernel value somewhere
+    assert (spe.kernel(torch.tensor(7.0)) - spe.kernel(torch.tensor(0.0))).abs().max() > 0.05
+
+
+def test_convspe_relative_in_expectation():
+    torch.manual_seed(0)
+    H, D, L, R = 2, 3, 8, 20_000
+    spe = ConvSPE(H, D, L, R)
+    with torch.no_grad():  # make Q and K filters different (asymmetric P)
+        spe.filters[1].copy_(torch.randn(H, D, L) / math.sqrt(L))
+    q, k = torch.randn(H, D), torch.randn(H, D)
+    code = spe.draw(torch.Generator().manual_seed(1), seed=123)
+    P = spe.cross_correlation()  # (2L-1, H, D), index tau + L - 1
+    for m0, n0 in ((5, 2), (405, 402), (2, 5), (300, 300), (20, 5)):
+        start = min(m0, n0)
+        T = abs(m0 - n0) + 1
+        qbar, kbar = ConvSPE.materialize(spe.context(code, start, T))
+        est, se = _estimate(qbar[m0 - start], kbar[n0 - start], q, k)
+        tau = m0 - n0
+        Pt = P[tau + L - 1] if abs(tau) < L else torch.zeros(H, D)
+        target = (q * k * Pt).sum(-1).double()
+        assert ((est - target).abs() <= 5 * se).all(), (m0, n0, est, target, se)
+
+
+def test_gating_limits():
+    torch.manual_seed(0)
+    H, D, K, R = 2, 4, 3, 16
+    spe = SineSPE(H, D, K, R)
+    code = spe.draw(torch.Generator().manual_seed(2))
+    ctx = spe.context(code, torch.arange(0, 50, dtype=torch.float64))
+    q, k = torch.randn(3, 50, H, D), torch.randn(3, 50, H, D)
+    ungated = SPEFilter(H, D, gated=False)
+    gated = SPEFilter(H, D, gated=True)
+    with torch.no_grad():
+        # g -> 1: position-independent code (equal to the shared eps)
+        gated.gate.fill_(40.0)
+        qbar, kbar = gated.code(ctx)
+        assert torch.allclose(qbar, qbar[:1].expand_as(qbar), atol=1e-6)
+        assert torch.allclose(kbar, qbar, atol=1e-6)
+        # g -> 0: the ungated code and filter output
+        gated.gate.fill_(-40.0)
+        qg, kg = gated.code(ctx)
+        qu, ku = ungated.code(ctx)
+        assert torch.allclose(qg, qu, atol=1e-6) and torch.allclose(kg, ku, atol=1e-6)
+        assert torch.allclose(gated(q, k, ctx)[0], ungated(q, k, ctx)[0], atol=1e-5)
+        # the efficient filter equals applying the materialised gated code
+        gated.gate.normal_()
+        qh, kh = gated(q, k, ctx)
+        qbar, kbar = gated.code(ctx)
+        assert torch.allclose(qh, torch.einsum("bthd,thdr->bthr", q, qbar), atol=1e-5)
+        assert torch.allclose(kh, torch.einsum("bthd,thdr->bthr", k, kbar), atol=1e-5)
+
+
+def test_sinespe_block_equals_per_position_far_away():
+    torch.manual_seed(0)
+    H, D, K, R = 2, 4, 5, 8
+    spe = SineSPE(H, D, K, R)
+    with torch.no_grad():
+        spe.freqs.add_(3.0)
+    code = spe.draw(torch.Generator().manual_seed(0))
+    for lo in (0, 99_990, 1_000_000):
+        pos = torch.arange(lo, lo + 40, dtype=torch.float64)
+        qb, kb = SineSPE.materialize(spe.context(code, pos))
+        for i, p in enumerate(pos.tolist()):
+            q1, k1 = SineSPE.materialize(spe.context(code, torch.tensor([p], dtype=torch.float64)))
+            assert torch.allclose(q1[0], qb[i], atol=1e-6) and torch.allclose(k1[0], kb[i], atol=1e-6)
+        # and both are accurate: compare with an all-float64 evaluation
+        f = spe.frequencies().double()
+        ph = 2 * math.pi * f * pos[:, None, None, None]
+        lam = spe.gains.double()[..., None]
+        fk = (torch.stack((torch.cos(ph), torch.sin(ph)), -1) * lam).reshape(40, H, D, -1)
+        kb64 = torch.einsum("thdj,hdjr->thdr", fk, code.z.double())
+        assert (kb.double() - kb64).abs().max() < 1e-5
+
+
+# ----------------------------------------------------------------------- limits
+
+
+@pytest.mark.parametrize("pe", ["ape", "sinusoidal", "axial"])
+def test_absolute_pe_refuses_past_max_len(pe):
+    m = _model(pe=pe, max_len=32)
+    with pytest.raises(SpemusicError, match="max_len"):
+        m(torch.zeros(1, 33, dtype=torch.long))
+    _, st = m.prime(torch.zeros(1, 32, dtype=torch.long))
+    with pytest.raises(SpemusicError, match="max_len"):
+        m.step(st, torch.zeros(1, dtype=torch.long))
+
+
+@pytest.mark.parametrize("pe", ["sinespe", "convspe"])
+def test_spe_has_no_length_limit(pe):
+    m = _model(pe=pe, max_len=32)
+    ids = torch.randint(0, V, (1, 100))
+    with torch.no_grad():
+        full = m(ids)
+    _, st = m.prime(ids[:, :50])
+    for t in range(50, 100):
+        logits, st = m.step(st, ids[:, t])
+    assert (logits - full[:, -1]).abs().max() < 1e-4
+    st.position = 100_000  # far beyond any training length
+    logits, st = m.step(st, ids[:, 0])
+    assert torch.isfinite(logits).all() and st.position == 100_001
+
+
+# ----------------------------------------------------------------------- attention kernels
+
+
+def test_chunked_equals_naive_reference():
+    g = torch.Generator().manual_seed(0)
+    B, H, T, M, Dv = 2, 3, 203, 16, 8
+    omega = orthogonal_features(M, 12, g) * 12**-0.25
+    q, k = 2 * torch.randn(B, H, T, 12, generator=g), 2 * torch.randn(B, H, T, 12, generator=g)
+    v = torch.randn(B, H, T, Dv, generator=g)
+    qf, kf = favor_query(q, omega), favor_key(k, omega, 12**-0.5)
+    ref = linear_attention_reference(qf, kf, v)
+    for C in (1, 16, 64, 256):
+        out, S = chunked_linear_attention(qf, kf, v, chunk_size=C, return_state=True)
+        assert (out.double() - ref).abs().max() < 1e-5, C
+        full_state = torch.einsum("bhtm,bhtd->bhmd", kf.double(), torch.cat((v, torch.ones(B, H, T, 1)), -1).double())
+        assert (S.double() - full_state).abs().max() <= 1e-5 * full_state.abs().max()
+    # continuing from a state == one long call; and the recurrent step
+    o1, S1 = chunked_linear_attention(qf[:, :, :100], kf[:, :, :100], v[:, :, :100], 32, return_state=True)
+    o2 = chunked_linear_attention(qf[:, :, 100:], kf[:, :, 100:], v[:, :, 100:], 32, state=S1)
+    assert (torch.cat((o1, o2), 2).double() - ref).abs().max() < 1e-5
+    S = torch.zeros(B, H, M, Dv + 1)
+    steps = torch.stack([linear_attention_step(qf[:, :, t], kf[:, :, t], v[:, :, t], S) for t in range(T)], 2)
+    assert (steps.double() - ref).abs().max() < 1e-5
+
+
+def test_orthogonal_features():
+    w = orthogonal_features(40, 16, torch.Generator().manual_seed(0))
+    assert w.shape == (40, 16)
+    blk = w[:16] / w[:16].norm(dim=1, keepdim=True)
+    assert torch.allclose(blk @ blk.T, torch.eye(16), atol=1e-5)
+
+
+def test_bf16_autocast_keeps_state_fp32():
+    m = _model(pe="sinespe")
+    m.train()
+    ids = torch.randint(0, V, (2, 150))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        logits = m(ids)
+        loss = torch.nn.functional.cross_entropy(logits.float().reshape(-1, V), ids.reshape(-1))
+    loss.backward()
+    assert torch.isfinite(loss)
+    assert all(p.grad is None or torch.isfinite(p.grad).all() for p in m.parameters())
+    m.eval()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        _, st = m.prime(ids)
+        logits, st = m.step(st, ids[:, 0])
+    assert torch.isfinite(logits).all()
+    assert all(s.dtype == torch.float32 for s in st.layers)
+
+
+# ----------------------------------------------------------------------- config
+
+
+def test_config_roundtrip_and_presets():
+    cfg = ModelConfig.preset("tiny", vocab_size=V, pe="convspe", gated=False)
+    d = cfg.to_dict()
+    import json
+
+    assert ModelConfig.from_dict(json.loads(json.dumps(d))) == cfg
+    with pytest.raises(SpemusicError):
+        ModelConfig.from_dict({**d, "bogus": 1})
+    with pytest.raises(SpemusicError):
+        ModelConfig.preset("huge", vocab_size=V)
+    with pytest.raises(SpemusicError):
+        ModelConfig(vocab_size=V, pe="rope")
+    small = Performer(ModelConfig.preset("small", vocab_size=400))
+    assert 4_000_000 <= small.num_parameters() <= 6_000_000
+    paper = ModelConfig.preset("paper", vocab_size=400)
+    assert (paper.n_layers, paper.d_model, paper.n_features, paper.n_realizations) == (24, 512, 128, 64)
+
+
+def test_share_pe_false_and_batched_generation():
+    m = _model(pe="sinespe", share_pe=False)
+    assert len(m.spe) == m.cfg.n_layers
+    ids = torch.randint(0, V, (3, 40))
+    with torch.no_grad():
+        full = m(ids)
+    st = m.init_state(3)
+    for t in range(40):
+        logits, st = m.step(st, ids[:, t])
+    assert (logits - full[:, -1]).abs().max() < 1e-4
+    # branching a state
+    st2 = st.clone()
+    a, _ = m.step(st, ids[:, 0])
+    b, _ = m.step(st2, ids[:, 0])
+    assert torch.equal(a, b)
