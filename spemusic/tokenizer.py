@@ -60,7 +60,7 @@ Timing rules
   tempo event MIDI's 120 BPM holds).
 * All tracks are merged; drums are symusic's ``track.is_drum`` (channel 10).
   Notes that share (onset step, program, pitch) -- unison doublings across
-  tracks (POP909 doubles its melody in the piano track: 2.7% of its notes)
+  tracks (POP909 doubles its melody in the piano track: ~3% of its notes)
   and flams that quantise to one step -- are all kept, longest and loudest
   first, so no note is ever dropped; they are counted (``duplicate_notes``).
   Inside an onset the notes are therefore sorted by (program, pitch)
@@ -79,7 +79,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import io
 import json
 import math
 import os
@@ -478,8 +477,10 @@ class REMITokenizer:
     def encode_with_stats(self, midi) -> tuple[np.ndarray, dict[str, Any]]:
         """Token ids plus round-trip statistics of the quantisation.
 
-        stats: notes (in the file), notes_encoded, dropped_duplicates,
-        clipped_durations, moved_onsets (notes not on the grid),
+        stats: notes (in the file), notes_encoded (always == notes: nothing is
+        dropped), dropped_duplicates (always 0, kept for callers that sum it),
+        duplicate_notes (notes sharing onset step, program and pitch with
+        another, all kept), clipped_durations, moved_onsets (notes not on the grid),
         max_onset_error_ticks (in the file's ticks), ticks_per_beat, bars,
         tokens, ts_changes_moved (off-bar changes moved to a bar line),
         tempos_clipped (tempo events outside tempo_min..tempo_max).
@@ -510,7 +511,6 @@ class REMITokenizer:
         tsids: list[np.ndarray] = []
         moved = 0
         cur = 0
-        nbars = 0
         min_len = int(ts_len.min())
         if (last_step // min_len) + 2 > MAX_BARS:
             raise MidiError(f"{p.name}: too long (a note at beat {last_step / res:.0f})")
