@@ -145,6 +145,8 @@ class TokenizerConfig:
             raise ValueError("num_velocity_bins must be in 1..127")
         if self.num_tempo_bins < 1 or not 0 < self.tempo_min <= self.tempo_max:
             raise ValueError("need num_tempo_bins >= 1 and 0 < tempo_min <= tempo_max")
+        if self.num_tempo_bins > 1 and not self.tempo_min < self.tempo_max:
+            raise ValueError("several tempo bins need tempo_min < tempo_max")
         ts = self.time_signatures
         if not ts:
             ts = default_time_signatures(self.max_bar_beats, self.beat_resolution)
