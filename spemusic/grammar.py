@@ -8,7 +8,8 @@ because the grammar is exactly what the tokenizer writes, re-tokenizes to itself
 - TimeSig right after the first Bar (required) and after a later Bar only when it changes;
 - Position strictly increasing inside a bar and inside the bar's length;
 - Tempo required at the first Position of the piece, later only when it changes;
-- notes at one Position sorted by (program, pitch), no duplicate; Duration only for pitched
+- notes at one Position sorted by (program, pitch), non-decreasing; a doubled (program, pitch)
+  comes longest first, then loudest (as the tokenizer sorts them); Duration only for pitched
   programs (drums have none).
 """
 
@@ -31,8 +32,8 @@ class GrammarState:
     bar_len: int = 0              # steps in the current bar
     timesig: int = -1             # current TimeSig id
     tempo: int = -1               # current Tempo id
-    program: int = -1             # Program id of the note being written
-    last_note: tuple = field(default=(-1, -1))  # (program id, pitch id) of the last note at this Position
+    note: list = field(default_factory=lambda: [-1, -1, -1])  # (program, pitch, velocity) ids of the note being written
+    last_note: tuple = (-1, -1, -1, -1)  # (program, pitch, velocity, duration) ids of the last note at this Position
     eos: bool = False
 
 
@@ -89,10 +90,7 @@ class REMIGrammar:
             m[tok.bar_id] = allow_bar
             m[tok.eos_id] = allow_eos and last == NOTE_END  # a trailing empty bar would not round-trip
             if last == NOTE_END:
-                prog, pitch = st.last_note
-                m[prog:self.prog_hi] = True
-                if pitch == self.pitch_hi - 1:
-                    m[prog] = False  # no higher pitch left for this program here
+                m[st.last_note[0]:self.prog_hi] = True
         elif last == POSITION:
             m[self.tempo_lo:self.tempo_hi] = True
             if st.tempo >= 0:
@@ -101,13 +99,21 @@ class REMIGrammar:
         elif last == TEMPO:
             m[self.prog_lo:self.prog_hi] = True
         elif last == PROGRAM:
-            prog, pitch = st.last_note
-            lo = pitch + 1 if prog == st.program else self.pitch_lo
-            m[lo:self.pitch_hi] = True
+            prog, pitch = st.last_note[:2]
+            m[pitch if prog == st.note[0] else self.pitch_lo:self.pitch_hi] = True
         elif last == PITCH:
-            m[self.vel_lo:self.vel_hi] = True
+            doubled = tuple(st.note[:2]) == st.last_note[:2]
+            if doubled and st.note[0] == self.drum:  # doubled drum hits: loudest first
+                m[self.vel_lo:st.last_note[2] + 1] = True
+            else:
+                m[self.vel_lo:self.vel_hi] = True
         elif last == VELOCITY:
-            m[self.dur_lo:self.dur_hi] = True
+            if tuple(st.note[:2]) == st.last_note[:2]:  # doubled note: longest first, then loudest
+                last_vel, last_dur = st.last_note[2:]
+                m[self.dur_lo:last_dur] = True
+                m[last_dur] = st.note[2] <= last_vel
+            else:
+                m[self.dur_lo:self.dur_hi] = True
         return m
 
     def _forbid_long_bars(self, m: np.ndarray) -> None:
@@ -132,20 +138,26 @@ class REMIGrammar:
             st.last = TIMESIG
         elif kind == POSITION:
             st.pos = token - self.pos_lo
-            st.last_note = (-1, -1)
+            st.last_note = (-1, -1, -1, -1)
             st.last = POSITION
         elif kind == TEMPO:
             st.tempo = token
             st.last = TEMPO
         elif kind == PROGRAM:
-            st.program = token
+            st.note = [token, -1, -1]
             st.last = PROGRAM
         elif kind == PITCH:
-            st.last_note = (st.program, token)
+            st.note[1] = token
             st.last = PITCH
         elif kind == VELOCITY:
-            st.last = NOTE_END if st.program == self.drum else VELOCITY
+            st.note[2] = token
+            if st.note[0] == self.drum:
+                st.last_note = (*st.note, -1)
+                st.last = NOTE_END
+            else:
+                st.last = VELOCITY
         elif kind == NOTE_END:
+            st.last_note = (*st.note, token)
             st.last = NOTE_END
         elif kind == EOS:
             st.eos = True

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from .errors import SpemusicError
-from .grammar import NOTE_END, GrammarState, REMIGrammar
+from .grammar import BAR, NOTE_END, TIMESIG, GrammarState, REMIGrammar
 from .model import Performer
 from .tokenizer import REMITokenizer
 
@@ -144,6 +144,8 @@ def sample(model: Performer, tokenizer: REMITokenizer, *, num: int = 1, length: 
                     masks[b, tokenizer.bar_id] = True
                 else:
                     masks[b] = grammar.allowed(states[b], allow_eos=False)
+                    if bars is not None and bars_started[b] >= bars and states[b].last in (BAR, TIMESIG):
+                        masks[b, tokenizer.bar_id] = False  # the last bar gets notes: no trailing empty bar
             force_bar = False
             masked = logits.float().masked_fill(~torch.from_numpy(masks).to(device), float("-inf"))
             probs = torch.softmax(filter_logits(masked, options), dim=-1).cpu()

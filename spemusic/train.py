@@ -325,7 +325,7 @@ def train(cfg: TrainConfig, run_dir: Path, resume: bool = False, stop_after: int
                 with ctx, torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32):
                     loss, _ = lm_loss(train_model, batch, tokenizer.pad_id)
                     (loss / cfg.grad_accum).backward()
-                step_loss += float(loss) / cfg.grad_accum
+                step_loss += loss.item() / cfg.grad_accum
             if not math.isfinite(step_loss):
                 raise SpemusicError(f"training diverged at step {step} (loss {step_loss}); try a lower --lr")
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)

@@ -1,0 +1,497 @@
+"""The `spemusic` command line: a thin typer layer over the package's functions."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from enum import Enum
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Table
+
+from . import __version__
+from .errors import MidiError, SpemusicError
+
+app = typer.Typer(
+    help="Symbolic music generation with long-context Performers and Stochastic Positional Encoding.\n\n"
+         "Make music with the shipped model:  spemusic generate --length 4096 -o song.mid",
+    no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False, rich_markup_mode="rich")
+data_app = typer.Typer(help="Prepare token caches of MIDI collections.", no_args_is_help=True)
+app.add_typer(data_app, name="data")
+err = Console(stderr=True)
+out = Console()
+
+
+def _version(value: bool) -> None:
+    if value:
+        print(f"spemusic {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                       help="Show the version and exit.")) -> None:
+    pass
+
+
+def _progress(*columns, disable: bool = False) -> Progress:
+    return Progress(*columns, console=err, disable=disable, transient=False)
+
+
+# ----------------------------------------------------------------------------- tokenize / detokenize
+
+def _expand_inputs(inputs: List[Path], suffixes: set[str]) -> tuple[list[tuple[Path, Path]], bool]:
+    """(file, base folder) pairs; folders are searched recursively. Returns (pairs, folder_mode)."""
+    pairs, folder_mode = [], len(inputs) > 1
+    for p in inputs:
+        if p.is_dir():
+            folder_mode = True
+            found = sorted(f for f in p.rglob("*") if f.is_file() and f.suffix.lower() in suffixes)
+            if not found:
+                raise SpemusicError(f"{p}: no {'/'.join(sorted(suffixes))} files found")
+            pairs += [(f, p) for f in found]
+        elif p.exists():
+            pairs.append((p, p.parent))
+        else:
+            raise SpemusicError(f"{p}: no such file or folder")
+    return pairs, folder_mode
+
+
+def _convert_many(inputs, output, suffixes, new_suffix, convert, what: str) -> None:
+    pairs, folder_mode = _expand_inputs(inputs, suffixes)
+    if not folder_mode:
+        src = pairs[0][0]
+        dest = output or src.with_suffix(new_suffix)
+        if dest.is_dir():
+            dest = dest / (src.stem + new_suffix)
+        convert(src, dest)
+        err.print(f"{what} {src} -> {dest}")
+        return
+    if output is None:
+        raise SpemusicError("several inputs or a folder: give -o OUTPUT_FOLDER")
+    if output.exists() and not output.is_dir():
+        raise SpemusicError(f"{output}: exists and is not a folder")
+    failures = []
+    with _progress(TextColumn(f"[bold]{what}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()) as progress:
+        task = progress.add_task(what, total=len(pairs))
+        for src, base in pairs:
+            rel = src.relative_to(base) if base in src.parents else Path(src.name)
+            dest = output / rel.with_suffix(new_suffix)
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                convert(src, dest)
+            except SpemusicError as e:
+                failures.append(str(e))
+            progress.advance(task)
+    for f in failures:
+        err.print(f"[yellow]skipped[/] {escape(f)}", highlight=False)
+    err.print(f"{len(pairs) - len(failures)} of {len(pairs)} files written to {output}"
+              + (f", {len(failures)} skipped" if failures else ""))
+
+
+def _write_text_atomically(text: str, dest: Path) -> None:
+    from .generate import write_atomically
+
+    write_atomically(text.encode(), dest)
+
+
+@app.command()
+def tokenize(
+    inputs: List[Path] = typer.Argument(..., help="MIDI files or folders (searched recursively)."),
+    output: Optional[Path] = typer.Option(None, "-o", "--output", help="Output .txt file, or folder for several inputs."),
+):
+    """Turn MIDI files into readable REMI tokens, one per line.
+
+    Examples:  spemusic tokenize data/examples/piano.mid -o piano.txt
+               spemusic tokenize my_midis/ -o my_tokens/
+    """
+    from .tokenizer import REMITokenizer
+
+    tok = REMITokenizer()
+
+    def convert(src: Path, dest: Path) -> None:
+        ids = tok.encode(src)
+        _write_text_atomically("\n".join(tok.ids_to_tokens(ids)) + "\n", dest)
+
+    _convert_many(inputs, output, {".mid", ".midi"}, ".txt", convert, "tokenized")
+
+
+@app.command()
+def detokenize(
+    inputs: List[Path] = typer.Argument(..., help="Token files (.txt, one token per line) or folders."),
+    output: Optional[Path] = typer.Option(None, "-o", "--output", help="Output .mid file, or folder for several inputs."),
+):
+    """Turn readable REMI tokens back into MIDI files.
+
+    Examples:  spemusic detokenize piano.txt -o piano_again.mid
+               spemusic detokenize my_tokens/ -o my_midis_again/
+    """
+    from .tokenizer import REMITokenizer
+
+    tok = REMITokenizer()
+
+    def convert(src: Path, dest: Path) -> None:
+        try:
+            lines = [line.strip() for line in src.read_text().splitlines() if line.strip()]
+        except UnicodeDecodeError:
+            raise SpemusicError(f"{src}: not a token text file (binary content)") from None
+        if not lines:
+            raise SpemusicError(f"{src}: empty token file")
+        try:
+            ids = tok.tokens_to_ids(lines)
+        except (ValueError, KeyError) as e:
+            raise SpemusicError(f"{src}: {e}") from None
+        tok.write_midi(ids, dest)
+
+    _convert_many(inputs, output, {".txt"}, ".mid", convert, "detokenized")
+
+
+# ----------------------------------------------------------------------------- data prepare
+
+@data_app.command("prepare")
+def data_prepare(
+    midi_dir: Path = typer.Argument(..., help="Folder of MIDI files (searched recursively)."),
+    output: Path = typer.Option(..., "-o", "--output", help="Cache folder to write."),
+    split_csv: Optional[Path] = typer.Option(None, "--split-csv", help="CSV with midi_filename and split columns "
+                                             "(default: MIDI_DIR/info.csv when present, else a hash of the path)."),
+    workers: int = typer.Option(0, "--workers", help="Tokenizer processes (0: one per CPU core)."),
+):
+    """Tokenize a MIDI collection into a compact cache with train/valid/test splits.
+
+    Example:  spemusic data prepare ../shared/data/pop909 -o cache/pop909
+    """
+    from .data import prepare
+
+    with _progress(TextColumn("[bold]tokenizing"), BarColumn(), MofNCompleteColumn(), TextColumn("files"),
+                   TimeElapsedColumn(), TimeRemainingColumn()) as progress:
+        t0 = time.perf_counter()
+        cache, reused = prepare(midi_dir, output, split_csv=split_csv, workers=workers or None, progress=progress)
+        wall = time.perf_counter() - t0
+    idx = cache.index
+    table = Table(title=f"{cache.path}" + (" (reused: source unchanged)" if reused else f" ({wall:.1f} s)"))
+    for col in ("split", "files", "tokens", "tokens/file"):
+        table.add_column(col, justify="right" if col != "split" else "left")
+    for split, c in idx["splits"].items():
+        table.add_row(split, f"{c['files']:,}", f"{c['tokens']:,}", f"{c['tokens'] / max(c['files'], 1):,.0f}")
+    total_files = sum(c["files"] for c in idx["splits"].values())
+    total_tokens = sum(c["tokens"] for c in idx["splits"].values())
+    table.add_row("all", f"{total_files:,}", f"{total_tokens:,}", f"{total_tokens / max(total_files, 1):,.0f}")
+    out.print(table)
+    out.print(f"skipped files: {len(idx['skipped'])}; vocabulary coverage: {idx['vocab_used']} of "
+              f"{idx['vocab_size']} tokens used ({100 * idx['vocab_used'] / idx['vocab_size']:.0f}%)")
+    for s in idx["skipped"][:20]:
+        out.print(f"  skipped {s['path']}: {s['reason']}", highlight=False)
+    if len(idx["skipped"]) > 20:
+        out.print(f"  … and {len(idx['skipped']) - 20} more (see {cache.path / 'index.json'})")
+
+
+# ----------------------------------------------------------------------------- train
+
+class Preset(str, Enum):
+    tiny = "tiny"
+    small = "small"
+    paper = "paper"
+
+
+class PE(str, Enum):
+    sinespe = "sinespe"
+    convspe = "convspe"
+    ape = "ape"
+    sinusoidal = "sinusoidal"
+    axial = "axial"
+    none = "none"
+
+
+class Attention(str, Enum):
+    favor = "favor"
+    softmax = "softmax"
+
+
+class Precision(str, Enum):
+    auto = "auto"
+    fp32 = "fp32"
+    bf16 = "bf16"
+
+
+@app.command()
+def train(
+    data: Optional[Path] = typer.Argument(None, help="Folder of MIDI files, or a cache from `spemusic data prepare`."),
+    output: Optional[Path] = typer.Option(None, "-o", "--output", help="Run folder: checkpoints, metrics.jsonl."),
+    config: Optional[Path] = typer.Option(None, "--config", help="TOML file of training options (CLI options override it)."),
+    preset: Optional[Preset] = typer.Option(None, help="Model size. [default: small]"),
+    pe: Optional[PE] = typer.Option(None, "--pe", help="Positional encoding. [default: sinespe]"),
+    gated: Optional[bool] = typer.Option(None, "--gated/--no-gated", help="Gated SPE. [default: gated]"),
+    attention: Optional[Attention] = typer.Option(None, help="favor (linear) or softmax (quadratic baseline). [default: favor]"),
+    seq_len: Optional[int] = typer.Option(None, help="Training window in tokens. [default: 1024]"),
+    batch_size: Optional[int] = typer.Option(None, help="Sequences per micro-batch, all processes together. [default: 8]"),
+    grad_accum: Optional[int] = typer.Option(None, help="Micro-batches per optimizer step. [default: 1]"),
+    steps: Optional[int] = typer.Option(None, help="Optimizer steps."),
+    epochs: Optional[float] = typer.Option(None, help="Passes over the train split's tokens (instead of --steps)."),
+    lr: Optional[float] = typer.Option(None, help="Peak learning rate. [default: 1e-3]"),
+    warmup: Optional[int] = typer.Option(None, help="Linear warmup steps, then cosine decay. [default: 100]"),
+    weight_decay: Optional[float] = typer.Option(None, help="AdamW weight decay. [default: 0.1]"),
+    feature_redraw: Optional[int] = typer.Option(None, help="Redraw FAVOR+ features every N steps (0: never). [default: 1000]"),
+    val_every: Optional[int] = typer.Option(None, help="Validate every N steps. [default: 200]"),
+    save_every: Optional[int] = typer.Option(None, help="Save `last` every N steps. [default: 200]"),
+    log_every: Optional[int] = typer.Option(None, help="Write metrics.jsonl every N steps. [default: 10]"),
+    device: Optional[str] = typer.Option(None, help="auto, cpu or cuda. [default: auto]"),
+    precision: Optional[Precision] = typer.Option(None, help="auto: bf16 on GPUs and AMX CPUs, else fp32. [default: auto]"),
+    compile: Optional[bool] = typer.Option(None, "--compile/--no-compile", help="torch.compile the model. [default: no]"),
+    seed: Optional[int] = typer.Option(None, help="Random seed. [default: 0]"),
+    resume: Optional[Path] = typer.Option(None, "--resume", help="Continue the run in this folder where it stopped."),
+    stop_after: Optional[int] = typer.Option(None, "--stop-after", help="Stop after this many steps of this invocation "
+                                             "(the schedule still follows --steps; resume later)."),
+):
+    """Train a Performer with SPE on MIDI files (CPU, GPU, or many GPUs with torchrun).
+
+    Examples:
+      spemusic train ../shared/data/pop909 -o runs/pop --preset small --steps 2000
+      spemusic train --resume runs/pop
+      torchrun --nproc_per_node 4 -m spemusic train my_midis/ -o runs/big --preset paper --steps 100000
+    """
+    from .train import TrainConfig, train as run_training
+
+    given = {k: (v.value if isinstance(v, Enum) else v) for k, v in dict(
+        preset=preset, pe=pe, gated=gated, attention=attention, seq_len=seq_len, batch_size=batch_size,
+        grad_accum=grad_accum, steps=steps, epochs=epochs, lr=lr, warmup=warmup, weight_decay=weight_decay,
+        feature_redraw=feature_redraw, val_every=val_every, save_every=save_every, log_every=log_every,
+        device=device, precision=precision, compile=compile, seed=seed).items() if v is not None}
+    if resume is not None:
+        run_training(TrainConfig(steps=given.get("steps", 0)), resume, resume=True, stop_after=stop_after, console=err)
+        return
+    options: dict = {}
+    if config is not None:
+        options.update(_read_toml(config))
+    options.update(given)
+    if data is not None:
+        options["data"] = str(data)
+    if not options.get("data"):
+        raise SpemusicError("give DATA (a folder of MIDI files or a data cache), or --resume RUN_DIR")
+    if output is None:
+        raise SpemusicError("give -o RUN_DIR for checkpoints and metrics")
+    cfg = TrainConfig.from_dict(options)
+    run_training(cfg, output, stop_after=stop_after, console=err)
+
+
+def _read_toml(path: Path) -> dict:
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10
+        import tomli as tomllib
+    try:
+        options = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise SpemusicError(f"{path}: no such config file") from None
+    except tomllib.TOMLDecodeError as e:
+        raise SpemusicError(f"{path}: invalid TOML ({e})") from None
+    return {k.replace("-", "_"): v for k, v in options.items()}
+
+
+# ----------------------------------------------------------------------------- generate / continue
+
+def _sampling_progress(total: int | None, disable: bool) -> Progress:
+    return _progress(TextColumn("[bold]sampling"), BarColumn(), TextColumn("{task.completed} tokens"),
+                     TextColumn("{task.fields[bars]} bars"), TextColumn("{task.fields[tps]} tok/s"),
+                     TimeElapsedColumn(), TimeRemainingColumn(), disable=disable)
+
+
+def _run_sampling(model, tok, *, num, length, bars, prompt, options, seed, quiet):
+    from .sampling import sample
+
+    total = length if length is not None else None
+    with _sampling_progress(total, quiet) as progress:
+        task = progress.add_task("sampling", total=total, bars=0, tps="-")
+        t0 = time.perf_counter()
+
+        def on_token(n, bars_done):
+            if n % 16 == 0 or n == total:
+                progress.update(task, completed=n, bars=bars_done,
+                                tps=f"{n * num / max(time.perf_counter() - t0, 1e-9):,.0f}")
+
+        # Ctrl-C stops sampling; what is valid so far is written
+        return sample(model, tok, num=num, length=length, bars=bars, prompt=prompt, options=options,
+                      seed=seed, on_token=on_token)
+
+
+def _report(paths_ids, result, seed, as_json, tok, midis):
+    from .generate import count_bars, midi_stats
+
+    tps = result.new_tokens * len(paths_ids) / max(result.wall_seconds, 1e-9)
+    for (path, ids, new_tokens), midi in zip(paths_ids, midis):
+        notes, seconds = midi_stats(midi)
+        record = {"file": str(path), "tokens": int(new_tokens), "bars": count_bars(ids, tok), "notes": notes,
+                  "music_seconds": round(seconds, 3), "wall_seconds": round(result.wall_seconds, 3),
+                  "tokens_per_s": round(tps, 1), "seed": seed}
+        if as_json:
+            print(json.dumps(record), flush=True)
+        else:
+            err.print(f"wrote {path}: {record['bars']} bars, {notes} notes, {seconds:.1f} s of music "
+                      f"({new_tokens} tokens at {tps:,.0f} tok/s)", highlight=False)
+
+
+def _check_length_bars(length, bars):
+    if length is None and bars is None:
+        raise SpemusicError("give --length N (tokens) or --bars B")
+    if length is not None and bars is not None:
+        raise SpemusicError("give --length or --bars, not both")
+    if length is not None and length < 1:
+        raise SpemusicError(f"--length must be at least 1 (got {length})")
+    if bars is not None and bars < 1:
+        raise SpemusicError(f"--bars must be at least 1 (got {bars})")
+
+
+@app.command()
+def generate(
+    model: str = typer.Option("pop-piano", "--model", "-m", help="Shipped model name or checkpoint path."),
+    length: Optional[int] = typer.Option(None, "--length", "-n", help="Tokens to sample."),
+    bars: Optional[int] = typer.Option(None, "--bars", help="Bars to sample (instead of --length)."),
+    num: int = typer.Option(1, "--num", help="Pieces, sampled together in one batch."),
+    temperature: float = typer.Option(1.0, help="Softmax temperature (> 0)."),
+    top_p: float = typer.Option(0.95, "--top-p", help="Nucleus sampling mass in (0, 1]; 1 turns it off."),
+    top_k: int = typer.Option(0, "--top-k", help="Keep the K most likely tokens; 0 turns it off."),
+    seed: int = typer.Option(0, help="Random seed: same seed, options and model give the same file."),
+    output: Path = typer.Option(Path("generated.mid"), "-o", "--output", help="Output .mid (OUT-1.mid … with --num)."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace existing output files."),
+    device: str = typer.Option("cpu", help="cpu or cuda."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object per output on stdout."),
+):
+    """Sample new pieces from scratch and write MIDI files.
+
+    Examples:  spemusic generate --length 4096 -o song.mid
+               spemusic generate --bars 16 --num 4 --temperature 0.9 -o sketches/
+    """
+    _check_length_bars(length, bars)
+    _generate_or_continue(model, None, None, length, bars, num, temperature, top_p, top_k, seed, output, overwrite,
+                          device, as_json, False)
+
+
+@app.command("continue")
+def continue_(
+    prompt: Path = typer.Argument(..., help="MIDI file to continue."),
+    model: Optional[str] = typer.Option(None, "--model", "-m", help="Model name or checkpoint path "
+                                        "[default: groove for a drums-only prompt, else pop-piano]."),
+    prompt_bars: Optional[int] = typer.Option(None, "--prompt-bars", help="Use only the first N bars of the prompt."),
+    length: Optional[int] = typer.Option(None, "--length", "-n", help="Tokens to add."),
+    bars: Optional[int] = typer.Option(None, "--bars", help="Bars to add (instead of --length)."),
+    num: int = typer.Option(1, "--num", help="Continuations, sampled together in one batch."),
+    temperature: float = typer.Option(1.0, help="Softmax temperature (> 0)."),
+    top_p: float = typer.Option(0.95, "--top-p", help="Nucleus sampling mass in (0, 1]; 1 turns it off."),
+    top_k: int = typer.Option(0, "--top-k", help="Keep the K most likely tokens; 0 turns it off."),
+    seed: int = typer.Option(0, help="Random seed."),
+    output: Optional[Path] = typer.Option(None, "-o", "--output", help="Output .mid [default: PROMPT-continued.mid]."),
+    only_continuation: bool = typer.Option(False, "--only-continuation", help="Write only the new bars."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace existing output files."),
+    device: str = typer.Option("cpu", help="cpu or cuda."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object per output on stdout."),
+):
+    """Continue a MIDI file: the prompt is kept note for note, new bars follow.
+
+    Examples:  spemusic continue data/examples/groove.mid --bars 8 -o more.mid
+               spemusic continue song.mid --prompt-bars 4 --length 2048 -o song_more.mid
+    """
+    _check_length_bars(length, bars)
+    output = output or Path(f"{prompt.with_suffix('').name}-continued.mid")
+    _generate_or_continue(model, prompt, prompt_bars, length, bars, num, temperature, top_p, top_k, seed, output,
+                          overwrite, device, as_json, only_continuation)
+
+
+def _generate_or_continue(model_name, prompt_path, prompt_bars, length, bars, num, temperature, top_p, top_k, seed,
+                          output, overwrite, device, as_json, only_continuation):
+    import torch
+
+    from .checkpoint import load_model
+    from .generate import load_prompt, merge_continuation, midi_bytes, output_paths, write_atomically
+    from .sampling import SamplingOptions
+    from .tokenizer import REMITokenizer
+
+    if num < 1:
+        raise SpemusicError(f"--num must be at least 1 (got {num})")
+    options = SamplingOptions(temperature=temperature, top_k=top_k, top_p=top_p)
+    options.check()
+    if device not in ("cpu",) and not device.startswith("cuda"):
+        raise SpemusicError(f"--device must be cpu or cuda (got {device!r})")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise SpemusicError("--device cuda: no CUDA GPU is available")
+    paths = output_paths(output, num, overwrite)
+    prompt = None
+    if prompt_path is not None:
+        # read the prompt with the default tokenizer to pick a model, then with the model's own
+        prompt = load_prompt(prompt_path, REMITokenizer(), prompt_bars)
+        if model_name is None:
+            model_name = "groove" if prompt.only_drums else "pop-piano"
+    model, tok = load_model(model_name or "pop-piano", device=device)
+    if prompt is not None and tok.config != REMITokenizer().config:
+        prompt = load_prompt(prompt_path, tok, prompt_bars)
+    result = _run_sampling(model, tok, num=num, length=length, bars=bars,
+                           prompt=None if prompt is None else prompt.ids, options=options, seed=seed,
+                           quiet=as_json and not sys.stderr.isatty())
+    midis, rows = [], []
+    for path, ids in zip(paths, result.ids):
+        if prompt is None:
+            midi = tok.decode(ids)
+            new_tokens = len(ids) - 2
+        else:
+            midi = merge_continuation(prompt, ids, tok, only_continuation)
+            new_tokens = len(ids) - len(prompt.ids) - 1
+        write_atomically(midi_bytes(midi), path)
+        midis.append(midi)
+        rows.append((path, ids, new_tokens))
+    _report(rows, result, seed, as_json, tok, midis)
+    if result.interrupted:
+        err.print("interrupted: wrote the music generated so far")
+        raise typer.Exit(130)
+
+
+# ----------------------------------------------------------------------------- models
+
+@app.command()
+def models():
+    """List the shipped models (and those in $SPEMUSIC_CHECKPOINTS).
+
+    Example:  spemusic models
+    """
+    from .checkpoint import available_models, read_metadata
+
+    found = available_models()
+    if not found:
+        err.print("no models installed")
+        raise typer.Exit(1)
+    table = Table()
+    for col in ("name", "PE", "parameters", "trained length", "data", "path"):
+        table.add_column(col)
+    for name, folder in found.items():
+        meta = read_metadata(folder / "model.safetensors")
+        m, info = meta["model_config"], meta["info"]
+        pe = m["pe"] + (" gated" if m.get("gated") and m["pe"] in ("sinespe", "convspe") else "")
+        table.add_row(name, pe, f"{info.get('parameters', 0) / 1e6:.1f}M", str(info.get("seq_len", "?")),
+                      str(info.get("data_name", info.get("data", "?"))), str(folder))
+    out.print(table)
+
+
+def main() -> None:
+    """Entry point: user errors become one line on stderr and a non-zero exit, never a traceback."""
+    # a closed stdout (e.g. `| head`) must not print a traceback either
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL) if hasattr(signal, "SIGPIPE") else None
+    try:
+        app()
+    except SpemusicError as e:
+        err.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False)
+        sys.exit(1)
+    except KeyboardInterrupt:
+        err.print("interrupted")
+        sys.exit(130)
+    except OSError as e:
+        err.print(f"[bold red]error:[/] {escape(str(e.filename or ''))}: {escape(str(e.strerror or e))}", highlight=False)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
