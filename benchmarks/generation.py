@@ -1,0 +1,162 @@
+"""Generation speed: ms per token, side by side, `small` preset, batch 1.
+
+* favor (recurrent step, sinespe) at positions 1k, 4k, 8k, 16k, 64k: the state
+  is fast-forwarded by setting ``state.position`` (the step cost does not
+  depend on the state's contents: S is a fixed-size (B, H, M, D+1) tensor);
+* softmax (KV cache, pe none = a plain GPT) at the same positions: the cache is
+  filled with random keys/values of that length (cost independent of values);
+* re-running the whole prefix for each token (what the original research
+  code did): spemusic favor forward over P tokens, and performer-pytorch's
+  PerformerLM when installed, at 256, 1k, 4k.
+
+Also prints the ms/token bound at this CPU's measured matrix-vector FLOP rate
+(the model's own Linear layers run at batch 1, weights streamed as in a step)
+and the fraction of it achieved.
+
+    python benchmarks/generation.py [--threads N] [--steps 200]
+"""
+from __future__ import annotations
+
+import argparse
+import resource
+import time
+
+import torch
+import torch.nn.functional as F
+
+from spemusic.attention import KVCache
+from spemusic.model import ModelConfig, Performer
+
+VOCAB = 400
+
+
+def rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def time_steps(model, state, n):
+    x = torch.zeros(state.batch_size, dtype=torch.long)
+    for _ in range(10):
+        model.step(state, x)
+    t0 = time.perf_counter()
+    for _ in range(n):
+        model.step(state, x)
+    return (time.perf_counter() - t0) / n * 1e3
+
+
+def step_flops(cfg: ModelConfig) -> float:
+    """FLOPs of one favor+sinespe recurrent step at batch 1."""
+    d, H, D, R, M, K = cfg.d_model, cfg.n_heads, cfg.d_head, cfg.n_realizations, cfg.n_features, cfg.n_sines
+    per_layer = 2 * (3 * d * d + d * d + 2 * d * cfg.d_ff)  # linears
+    per_layer += 2 * (2 * H) * (2 * D) * R  # gated SPE filter (q and k)
+    per_layer += 2 * (2 * H) * R * M  # FAVOR+ projections
+    per_layer += 2 * 2 * H * M * (D + 1)  # state update + readout
+    shared = 2 * H * D * 2 * (2 * K) * R  # code at position t
+    return cfg.n_layers * per_layer + shared + 2 * d * cfg.vocab_size
+
+
+def matvec_rate(model) -> float:
+    """GFLOP/s of the model's Linear layers (+ head) applied to one vector, in order."""
+    lins = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    xs = {m.in_features: torch.randn(1, m.in_features) for m in lins}
+    head = model.tok.weight
+
+    def run():
+        for m in lins:
+            F.linear(xs[m.in_features], m.weight, m.bias)
+        F.linear(xs[head.shape[1]], head)
+
+    for _ in range(20):
+        run()
+    n = 200
+    t0 = time.perf_counter()
+    for _ in range(n):
+        run()
+    dt = (time.perf_counter() - t0) / n
+    flops = 2 * (sum(m.weight.numel() for m in lins) + head.numel())
+    return flops / dt / 1e9
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--threads", type=int, default=1, help="torch threads (batch-1 steps are latency-bound)")
+    ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--positions", type=int, nargs="+", default=[1024, 4096, 8192, 16384, 65536])
+    ap.add_argument("--rerun", type=int, nargs="+", default=[256, 1024, 4096])
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+
+    cfg = ModelConfig.preset("small", vocab_size=VOCAB, pe="sinespe", attention="favor")
+    fav = Performer(cfg).eval()
+    fav.resample(0)
+    scfg = ModelConfig.preset("small", vocab_size=VOCAB, pe="none", attention="softmax")
+    soft = Performer(scfg).eval()
+    print(f"small preset: favor+sinespe {fav.num_parameters()/1e6:.2f}M params, softmax {soft.num_parameters()/1e6:.2f}M; "
+          f"threads={args.threads}, batch 1, {args.steps} steps per point")
+
+    with torch.inference_mode():
+        rate = matvec_rate(fav)
+        bound_ms = step_flops(cfg) / (rate * 1e9) * 1e3
+        print(f"measured matvec rate {rate:.1f} GFLOP/s -> step bound {bound_ms:.3f} ms/token "
+              f"({step_flops(cfg)/1e6:.1f} MFLOP/token)\n")
+
+        rows = []
+        for P in args.positions:
+            st = fav.init_state(1)
+            st.position = P
+            r0 = rss_mb()
+            f_ms = time_steps(fav, st, args.steps)
+            f_mem = st.nbytes() / 2**20
+            st2 = soft.init_state(1)
+            for kv in st2.layers:
+                kv.append(torch.randn(1, scfg.n_heads, P, scfg.d_head), torch.randn(1, scfg.n_heads, P, scfg.d_head))
+            st2.position = P
+            s_ms = time_steps(soft, st2, args.steps)
+            s_mem = st2.nbytes() / 2**20
+            rows.append((P, f_ms, s_ms, f_mem, s_mem))
+            del st2
+        print(f"{'position':>9} {'favor ms':>9} {'softmax ms':>11} {'softmax/favor':>14} {'favor state MB':>15} "
+              f"{'KV cache MB':>12} {'bound/favor':>12}")
+        for P, f_ms, s_ms, f_mem, s_mem in rows:
+            print(f"{P:>9} {f_ms:>9.3f} {s_ms:>11.3f} {s_ms/f_ms:>13.1f}x {f_mem:>15.2f} {s_mem:>12.1f} "
+                  f"{bound_ms/f_ms:>11.0%}")
+        f0 = rows[0][1]
+        print(f"favor ms/token at {rows[-1][0]} vs {rows[0][0]}: {rows[-1][1]/f0:.2f}x; peak RSS {rss_mb():.0f} MB\n")
+
+        try:
+            from performer_pytorch import PerformerLM
+        except Exception as e:  # benchmark-only dependency
+            PerformerLM = None
+            print(f"(performer-pytorch not installed: {e}; skipping its re-run column)")
+        ref = None
+        if PerformerLM is not None:
+            ref = PerformerLM(num_tokens=VOCAB, max_seq_len=max(args.rerun), dim=cfg.d_model, depth=cfg.n_layers,
+                              heads=cfg.n_heads, dim_head=cfg.d_head, causal=True, nb_features=cfg.n_features,
+                              ff_mult=cfg.d_ff // cfg.d_model).eval()
+        print(f"{'prefix':>7} {'rerun spemusic ms':>18} {'rerun perf-pytorch ms':>22} {'favor step ms':>14} "
+              f"{'speedup vs rerun':>17}")
+        for P in args.rerun:
+            ids = torch.randint(0, VOCAB, (1, P))
+            reps = 3 if P <= 1024 else 1
+            fav(ids)
+            t0 = time.perf_counter()
+            for _ in range(reps):
+                fav(ids)
+            r_ms = (time.perf_counter() - t0) / reps * 1e3
+            p_ms = float("nan")
+            if ref is not None:
+                ref(ids)
+                t0 = time.perf_counter()
+                for _ in range(reps):
+                    ref(ids)
+                p_ms = (time.perf_counter() - t0) / reps * 1e3
+            st = fav.init_state(1)
+            st.position = P
+            f_ms = time_steps(fav, st, args.steps)
+            best_rerun = p_ms if p_ms == p_ms else r_ms
+            print(f"{P:>7} {r_ms:>18.1f} {p_ms:>22.1f} {f_ms:>14.3f} {best_rerun/f_ms:>16.0f}x")
+
+
+if __name__ == "__main__":
+    main()
