@@ -26,7 +26,7 @@ app = typer.Typer(
     no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False, rich_markup_mode="rich")
 data_app = typer.Typer(help="Prepare token caches of MIDI collections.", no_args_is_help=True)
 app.add_typer(data_app, name="data")
-err = Console(stderr=True)
+err = Console(stderr=True, soft_wrap=True)
 out = Console()
 
 

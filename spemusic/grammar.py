@@ -103,7 +103,8 @@ class REMIGrammar:
             m[pitch if prog == st.note[0] else self.pitch_lo:self.pitch_hi] = True
         elif last == PITCH:
             doubled = tuple(st.note[:2]) == st.last_note[:2]
-            if doubled and st.note[0] == self.drum:  # doubled drum hits: loudest first
+            # doubled drum hits go loudest first; so do doubled notes when no shorter duration is left
+            if doubled and (st.note[0] == self.drum or st.last_note[3] == self.dur_lo):
                 m[self.vel_lo:st.last_note[2] + 1] = True
             else:
                 m[self.vel_lo:self.vel_hi] = True

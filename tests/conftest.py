@@ -67,3 +67,55 @@ def midi_factory(tmp_path):
         return make_midi(tmp_path / (name or f"hand{next(counter)}.mid"), notes, **kw)
 
     return _make
+
+
+# ----------------------------------------------------------------------------- CLI and models
+
+@pytest.fixture
+def run_cli(capsys, monkeypatch):
+    """Run `spemusic ARGS...` in this process: returns (exit code, stdout, stderr)."""
+    import sys
+
+    from spemusic.cli import main
+
+    def _run(*args) -> tuple[int, str, str]:
+        monkeypatch.setattr(sys, "argv", ["spemusic", *map(str, args)])
+        capsys.readouterr()
+        code = 0
+        try:
+            main()
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        captured = capsys.readouterr()
+        return code, captured.out, captured.err
+
+    return _run
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory) -> Path:
+    """A randomly initialised tiny model saved as a spemusic checkpoint (enough for grammar,
+    determinism and I/O tests; the shipped models are tested separately)."""
+    import torch
+
+    from spemusic import ModelConfig, Performer, REMITokenizer
+    from spemusic.checkpoint import WEIGHTS, write_weights
+
+    torch.manual_seed(0)
+    tok = REMITokenizer()
+    model = Performer(ModelConfig.preset("tiny", vocab_size=len(tok), pe="sinespe", gated=True))
+    folder = tmp_path_factory.mktemp("tiny-model")
+    write_weights(folder / WEIGHTS, model, tok.config, {"seq_len": 256, "data": "random init", "parameters": model.num_parameters()})
+    return folder
+
+
+@pytest.fixture(scope="session")
+def examples(tmp_path_factory) -> dict[str, Path]:
+    """The example prompts (a drum groove and a piano phrase), written by the tests themselves."""
+    from spemusic.examples import drum_groove, piano_phrase
+
+    folder = tmp_path_factory.mktemp("examples")
+    paths = {"groove": folder / "groove.mid", "piano": folder / "piano.mid"}
+    drum_groove().dump(str(paths["groove"]))
+    piano_phrase().dump(str(paths["piano"]))
+    return paths

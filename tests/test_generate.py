@@ -1,0 +1,219 @@
+"""spemusic generate / continue: validity by construction, determinism, prompt preservation,
+bad input, Ctrl-C."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import miditoolkit
+import mido
+import numpy as np
+import pretty_midi
+import pytest
+import torch
+
+from spemusic.checkpoint import load_model
+from spemusic.grammar import REMIGrammar
+from spemusic.sampling import SamplingOptions, filter_logits, sample
+
+
+def _notes(path) -> set:
+    midi = miditoolkit.MidiFile(str(path))
+    return {(int(i.program), bool(i.is_drum), n.pitch, n.start, n.end, n.velocity) for i in midi.instruments for n in i.notes}
+
+
+def test_sampled_sequences_are_valid_and_retokenize_to_themselves(tiny_checkpoint, tmp_path):
+    model, tok = load_model(tiny_checkpoint)
+    grammar = REMIGrammar(tok)
+    n_checked = 0
+    for seed in range(3):
+        result = sample(model, tok, num=4, length=300, seed=seed, options=SamplingOptions(temperature=1.2, top_p=1.0))
+        for ids in result.ids:
+            assert grammar.is_valid(ids), tok.ids_to_tokens(ids)[:50]
+            path = tmp_path / f"s{seed}-{n_checked}.mid"
+            tok.write_midi(ids, path)
+            again = tok.encode(path)
+            assert np.array_equal(again, ids), "decoded piece does not re-tokenize to itself"
+            # opens in the other MIDI libraries too
+            assert len(pretty_midi.PrettyMIDI(str(path)).instruments) >= 1
+            assert mido.MidiFile(str(path)).length > 0
+            n_checked += 1
+    assert n_checked == 12
+
+
+def test_bars_mode_gives_complete_bars(tiny_checkpoint):
+    model, tok = load_model(tiny_checkpoint)
+    result = sample(model, tok, num=3, bars=4, seed=3)
+    for ids in result.ids:
+        assert np.count_nonzero(ids == tok.bar_id) == 4
+        assert ids[-1] == tok.eos_id and REMIGrammar(tok).is_valid(ids)
+
+
+def test_top_p_and_top_k_filtering():
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
+    kept = torch.isfinite(filter_logits(logits, SamplingOptions(top_p=0.8)))
+    assert kept.tolist() == [[True, True, False, False]]  # 0.5 + 0.3 reaches 0.8
+    kept = torch.isfinite(filter_logits(logits, SamplingOptions(top_p=0.81)))
+    assert kept.tolist() == [[True, True, True, False]]
+    kept = torch.isfinite(filter_logits(logits, SamplingOptions(top_p=1e-6)))
+    assert kept.tolist() == [[True, False, False, False]]  # the most likely token always stays
+    kept = torch.isfinite(filter_logits(logits, SamplingOptions(top_k=2)))
+    assert kept.tolist() == [[True, True, False, False]]
+    masked = logits.clone()
+    masked[0, 0] = float("-inf")  # grammar-masked tokens never come back
+    kept = torch.isfinite(filter_logits(masked, SamplingOptions(top_p=0.5)))
+    assert kept.tolist() == [[False, True, False, False]]
+
+
+def test_generate_is_deterministic(run_cli, tiny_checkpoint, tmp_path):
+    args = ["generate", "--model", tiny_checkpoint, "--length", 300, "--seed", 7]
+    assert run_cli(*args, "-o", tmp_path / "a.mid")[0] == 0
+    assert run_cli(*args, "-o", tmp_path / "b.mid")[0] == 0
+    code, out, _ = run_cli("generate", "--model", tiny_checkpoint, "--length", 300, "--seed", 8, "-o", tmp_path / "c.mid", "--json")
+    assert code == 0
+    assert (tmp_path / "a.mid").read_bytes() == (tmp_path / "b.mid").read_bytes()
+    assert (tmp_path / "a.mid").read_bytes() != (tmp_path / "c.mid").read_bytes()
+    record = json.loads(out.strip().splitlines()[-1])
+    assert set(record) == {"file", "tokens", "bars", "notes", "music_seconds", "wall_seconds", "tokens_per_s", "seed"}
+    assert record["seed"] == 8 and record["notes"] > 0 and record["tokens"] <= 300
+
+
+def test_generate_num_writes_numbered_files(run_cli, tiny_checkpoint, tmp_path):
+    code, out, _ = run_cli("generate", "--model", tiny_checkpoint, "--bars", 2, "--num", 3, "-o", tmp_path / "x.mid", "--json")
+    assert code == 0
+    files = [json.loads(line)["file"] for line in out.strip().splitlines()]
+    assert files == [str(tmp_path / f"x-{i}.mid") for i in (1, 2, 3)]
+    assert all(Path(f).is_file() for f in files)
+
+
+@pytest.mark.parametrize("which", ["groove", "piano"])
+def test_continue_keeps_the_prompt_note_for_note(run_cli, tiny_checkpoint, examples, tmp_path, which):
+    prompt = examples[which]
+    out = tmp_path / "cont.mid"
+    code, _, err = run_cli("continue", prompt, "--model", tiny_checkpoint, "--bars", 2, "-o", out)
+    assert code == 0, err
+    before, after = _notes(prompt), _notes(out)
+    assert before <= after, "a prompt note was changed or lost"
+    new = after - before
+    assert new, "nothing was added"
+    prompt_end = max(n[4] for n in before)
+    bar = 4 * miditoolkit.MidiFile(str(prompt)).ticks_per_beat
+    assert min(n[3] for n in new) >= -(-max(n[3] for n in before) // bar) * bar  # new notes start in a new bar
+    assert prompt_end > 0
+    src = miditoolkit.MidiFile(str(prompt))
+    got = miditoolkit.MidiFile(str(out))
+    assert got.ticks_per_beat == src.ticks_per_beat
+    assert got.tempo_changes[0].tempo == pytest.approx(src.tempo_changes[0].tempo)
+    assert (got.time_signature_changes[0].numerator, got.time_signature_changes[0].denominator) == (4, 4)
+
+
+def test_continue_prompt_bars_and_only_continuation(run_cli, tiny_checkpoint, examples, tmp_path):
+    prompt = examples["piano"]
+    out = tmp_path / "cont.mid"
+    code, _, err = run_cli("continue", prompt, "--model", tiny_checkpoint, "--prompt-bars", 2, "--bars", 1, "-o", out)
+    assert code == 0, err
+    bar = 4 * 480
+    kept = {n for n in _notes(prompt) if n[3] < 2 * bar}
+    got = _notes(out)
+    assert kept <= got
+    assert not any(n in got for n in _notes(prompt) - kept)  # bars 3-4 of the prompt are not used
+    only = tmp_path / "only.mid"
+    code, _, err = run_cli("continue", prompt, "--model", tiny_checkpoint, "--prompt-bars", 2, "--bars", 1,
+                           "--only-continuation", "-o", only)
+    assert code == 0, err
+    notes = _notes(only)
+    assert notes and min(n[3] for n in notes) < bar and not (notes & kept)
+
+
+def test_continue_picks_groove_for_drums(examples):
+    from spemusic.generate import load_prompt
+    from spemusic.tokenizer import REMITokenizer
+
+    assert load_prompt(examples["groove"], REMITokenizer()).only_drums
+    assert not load_prompt(examples["piano"], REMITokenizer()).only_drums
+
+
+def _bad_cases(tmp_path, examples, ckpt):
+    empty = tmp_path / "empty.mid"
+    empty.write_bytes(b"")
+    garbage = tmp_path / "garbage.mid"
+    garbage.write_bytes(b"this is not a MIDI file at all" * 10)
+    truncated = tmp_path / "truncated.mid"
+    truncated.write_bytes(examples["piano"].read_bytes()[:60])
+    noteless = tmp_path / "noteless.mid"
+    miditoolkit.MidiFile(ticks_per_beat=480).dump(str(noteless))
+    exists = tmp_path / "exists.mid"
+    exists.write_bytes(b"keep me")
+    m = ["--model", ckpt]
+    return [
+        (["continue", tmp_path / "missing.mid", *m, "--bars", 1], "no such file"),
+        (["continue", empty, *m, "--bars", 1], "empty"),
+        (["continue", garbage, *m, "--bars", 1], "not a MIDI file"),
+        (["continue", truncated, *m, "--bars", 1], "truncated.mid"),
+        (["continue", noteless, *m, "--bars", 1], "no notes"),
+        (["continue", examples["groove"], *m, "--prompt-bars", 9, "--bars", 1], "has 2 bars"),
+        (["generate", *m, "--length", 0], "--length must be at least 1"),
+        (["generate", *m], "give --length"),
+        (["generate", *m, "--length", 10, "--temperature", 0], "--temperature"),
+        (["generate", *m, "--length", 10, "--top-p", 1.5], "--top-p"),
+        (["generate", *m, "--length", 10, "--top-k", -1], "--top-k"),
+        (["generate", *m, "--length", 10, "--num", 0], "--num"),
+        (["generate", "--model", "no-such-model", "--length", 10], "unknown model"),
+        (["generate", "--model", garbage, "--length", 10], "not a spemusic checkpoint"),
+        (["generate", *m, "--length", 10, "-o", tmp_path / "nofolder" / "x.mid"], "does not exist"),
+        (["generate", *m, "--length", 10, "-o", exists], "already exists"),
+    ]
+
+
+def test_bad_input_one_line_error_and_nothing_written(run_cli, tiny_checkpoint, examples, tmp_path):
+    work = tmp_path / "work"
+    work.mkdir()
+    os.chdir(work)
+    for args, message in _bad_cases(tmp_path, examples, tiny_checkpoint):
+        before = sorted(p.name for p in work.iterdir())
+        code, out, err = run_cli(*args, *([] if "-o" in args else ["-o", work / "out.mid"]))
+        assert code != 0, (args, err)
+        lines = [line for line in err.strip().splitlines() if line.strip()]
+        assert len(lines) == 1 and lines[0].startswith("error:"), (args, err)
+        assert message in lines[0], (args, lines[0])
+        assert "Traceback" not in err
+        assert sorted(p.name for p in work.iterdir()) == before, f"{args} wrote a file"
+    assert (tmp_path / "exists.mid").read_bytes() == b"keep me"
+
+
+def test_unwritable_output_folder(run_cli, tiny_checkpoint, tmp_path):
+    if os.geteuid() == 0:
+        pytest.skip("root can write into read-only folders")
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o500)
+    code, _, err = run_cli("generate", "--model", tiny_checkpoint, "--length", 10, "-o", ro / "x.mid")
+    assert code == 1 and "not writable" in err
+
+
+def test_ctrl_c_writes_what_was_generated(tiny_checkpoint, tmp_path):
+    out = tmp_path / "long.mid"
+    proc = subprocess.Popen([sys.executable, "-m", "spemusic", "generate", "--model", str(tiny_checkpoint),
+                             "--length", "1000000", "-o", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    # wait until sampling has produced a few bars (the progress is on stderr, refreshed in place)
+    time.sleep(12)
+    assert proc.poll() is None, proc.communicate()
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "interrupted" in err
+    assert out.is_file()
+    from spemusic.tokenizer import REMITokenizer
+
+    tok = REMITokenizer()
+    ids = tok.encode(out)
+    assert REMIGrammar(tok).is_valid(ids) and np.count_nonzero(ids == tok.bar_id) >= 1
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
