@@ -246,13 +246,19 @@ def train(cfg: TrainConfig, run_dir: Path, resume: bool = False, stop_after: int
         safetensors.torch.load_model(model, str(last / checkpoint.WEIGHTS), strict=False, device=str(device))
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
-        scheduler.lr_lambdas = [lr_lambda(cfg.warmup, cfg.steps)]
+        scheduler.lr_lambdas = [lr_lambda(cfg.warmup, cfg.steps)] * len(optimizer.param_groups)
         rng.bit_generator.state = json.loads(state["sampler_rng"])
         torch.set_rng_state(state["torch_rng"])
         if device.type == "cuda" and "cuda_rng" in state:
             torch.cuda.set_rng_state(state["cuda_rng"], device)
         step, best_valid = int(state["step"]), float(state["best_valid"])
         tokens_seen, elapsed_before = int(state["tokens"]), float(state["elapsed"])
+        if is_main:  # records written after the checkpoint (by the run that stopped) are redone
+            metrics = run_dir / "metrics.jsonl"
+            if metrics.is_file():
+                kept = [line for line in metrics.read_text().splitlines()
+                        if line.strip() and json.loads(line)["step"] <= step]
+                metrics.write_text("".join(line + "\n" for line in kept))
     elif is_main:
         if (run_dir / "last").exists():
             raise SpemusicError(f"{run_dir}: already holds a training run; use --resume {run_dir} or another -o")
