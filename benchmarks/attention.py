@@ -1,0 +1,168 @@
+"""Training-step throughput and peak memory, side by side (fresh process per point).
+
+Configurations (`small` preset sizes unless --layers/--d-model are given):
+spemusic favor+sinespe (chunked causal linear attention), performer-pytorch's
+PerformerLM (causal; benchmark-only dependency, skipped with a note if not
+installed) and spemusic softmax (SDPA). Sequence lengths 512..8192 with the
+batch chosen to keep ~8k tokens per step. A step = forward + cross-entropy +
+backward + AdamW update. Peak memory = peak RSS of the child process.
+
+Also prints training FLOP utilisation: model FLOPs per token (6 x matmul
+params + attention terms, x3 for forward+backward) x tokens/s divided by a
+measured fp32 matmul peak.
+
+    python benchmarks/attention.py [--lens 512 2048 8192] [--steps 3] [--threads 2]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+
+TOKENS = 8192
+VOCAB = 400
+
+
+def model_flops_per_token(impl: str, T: int, L: int, d: int, dff: int, H: int, M: int, R: int, C: int = 128) -> float:
+    """Training FLOPs per token (forward x3)."""
+    D = d // H
+    dense = 2 * (4 * d * d + 2 * d * dff) + 2 * d * VOCAB / L
+    if impl == "softmax":
+        att = 2 * 2 * (T / 2) * d  # causal QK^T and AV, average context T/2
+    else:
+        dk = R if impl == "spemusic-favor" else D
+        att = H * (2 * dk * M * 2 + 2 * C * (M + D + 1) + 2 * 2 * M * (D + 1))
+        if impl == "spemusic-favor":
+            att += 2 * 2 * H * D * 10 * R  # sineSPE filter, 5 sines
+    return 3 * L * (dense + att)
+
+
+def child(args):
+    import resource
+
+    import torch
+
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    T = args.len
+    B = max(1, TOKENS // T)
+    if args.impl == "performer-pytorch":
+        from performer_pytorch import PerformerLM
+
+        model = PerformerLM(num_tokens=VOCAB, max_seq_len=T, dim=args.d_model, depth=args.layers, heads=args.heads,
+                            dim_head=args.d_model // args.heads, causal=True, nb_features=args.features,
+                            ff_mult=args.d_ff // args.d_model)
+    else:
+        from spemusic.model import ModelConfig, Performer
+
+        att = "softmax" if args.impl == "spemusic-softmax" else "favor"
+        pe = "sinespe" if att == "favor" else "none"
+        cfg = ModelConfig(vocab_size=VOCAB, n_layers=args.layers, d_model=args.d_model, n_heads=args.heads,
+                          d_ff=args.d_ff, attention=att, pe=pe, n_features=args.features, n_realizations=64,
+                          max_len=max(T, 2048))
+        model = Performer(cfg)
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    ids = torch.randint(0, VOCAB, (B, T + 1))
+
+    def step():
+        logits = model(ids[:, :-1])
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, VOCAB), ids[:, 1:].reshape(-1))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+
+    step()
+    times = []
+    for _ in range(args.steps):
+        t0 = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - t0)
+    times.sort()
+    med = times[len(times) // 2]
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(json.dumps({"tok_s": B * T / med, "peak_mb": peak}))
+
+
+def matmul_peak(threads: int) -> float:
+    import torch
+
+    torch.set_num_threads(threads)
+    a, b = torch.randn(1024, 1024), torch.randn(1024, 1024)
+    for _ in range(3):
+        a @ b
+    n = 10
+    t0 = time.perf_counter()
+    for _ in range(n):
+        a @ b
+    return 2 * 1024**3 * n / (time.perf_counter() - t0) / 1e9
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--lens", type=int, nargs="+", default=[512, 1024, 2048, 4096, 8192])
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--layers", type=int, default=6)
+    ap.add_argument("--d-model", type=int, default=256)
+    ap.add_argument("--d-ff", type=int, default=1024)
+    ap.add_argument("--heads", type=int, default=8)
+    ap.add_argument("--features", type=int, default=64)
+    ap.add_argument("--impls", nargs="+", default=["spemusic-favor", "performer-pytorch", "spemusic-softmax"])
+    ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--len", type=int, default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        args.impl = args.child
+        return child(args)
+
+    impls = list(args.impls)
+    if "performer-pytorch" in impls:
+        try:
+            import performer_pytorch  # noqa: F401
+        except Exception as e:
+            print(f"note: performer-pytorch not installable/importable ({e}); skipping it")
+            impls.remove("performer-pytorch")
+    peak = matmul_peak(args.threads)
+    print(f"{args.layers} layers, d_model {args.d_model}, {args.heads} heads, d_ff {args.d_ff}, {args.features} "
+          f"features, ~{TOKENS} tokens/step, threads={args.threads}; measured fp32 matmul peak {peak:.0f} GFLOP/s\n")
+    res = {}
+    for T in args.lens:
+        for impl in impls:
+            cmd = [sys.executable, __file__, "--child", impl, "--len", str(T), "--steps", str(args.steps),
+                   "--threads", str(args.threads), "--layers", str(args.layers), "--d-model", str(args.d_model),
+                   "--d-ff", str(args.d_ff), "--heads", str(args.heads), "--features", str(args.features)]
+            p = subprocess.run(cmd, capture_output=True, text=True)
+            line = [l for l in p.stdout.splitlines() if l.startswith("{")]
+            if p.returncode or not line:
+                print(f"  {impl} @ {T}: failed ({p.stderr.strip().splitlines()[-1:] if p.stderr else p.returncode})")
+                continue
+            res[(impl, T)] = json.loads(line[-1])
+            r = res[(impl, T)]
+            mfu = model_flops_per_token(impl, T, args.layers, args.d_model, args.d_ff, args.heads, args.features,
+                                        64) * r["tok_s"] / (peak * 1e9)
+            r["mfu"] = mfu
+            print(f"  {impl:>18} @ {T:>5}: {r['tok_s']:8.0f} tok/s  peak {r['peak_mb']:7.0f} MB  MFU {mfu:5.1%}",
+                  flush=True)
+    print()
+    hdr = f"{'len':>5} | {'favor tok/s':>11} {'MB':>6} {'MFU':>5} | {'perf-pt tok/s':>13} {'MB':>6} | " \
+          f"{'softmax tok/s':>13} {'MB':>6} {'MFU':>5} | {'fav/perf speed':>14} {'mem':>5} | {'fav/soft speed':>14}"
+    print(hdr)
+    for T in args.lens:
+        f = res.get(("spemusic-favor", T))
+        p = res.get(("performer-pytorch", T))
+        s = res.get(("spemusic-softmax", T))
+
+        def cell(r, w=11):
+            return f"{r['tok_s']:>{w}.0f} {r['peak_mb']:>6.0f}" if r else f"{'-':>{w}} {'-':>6}"
+
+        ratio_p = f"{f['tok_s']/p['tok_s']:>13.2f}x {f['peak_mb']/p['peak_mb']:>4.2f}x" if f and p else f"{'-':>14} {'-':>5}"
+        ratio_s = f"{f['tok_s']/s['tok_s']:>13.2f}x" if f and s else f"{'-':>14}"
+        print(f"{T:>5} | {cell(f)} {f['mfu'] if f else 0:>5.0%} | {cell(p, 13)} | {cell(s, 13)} "
+              f"{s['mfu'] if s else 0:>5.0%} | {ratio_p} | {ratio_s}")
+
+
+if __name__ == "__main__":
+    main()
