@@ -476,6 +476,100 @@ def models():
     out.print(table)
 
 
+@app.command("eval")
+def eval_(
+    args: List[str] = typer.Argument(..., help="MODEL [MODEL …] DATA: models (names or checkpoints) then a MIDI "
+                                     "folder or data cache; with --metrics: MIDI files or folders."),
+    split: str = typer.Option("valid", help="train, valid, test, or all (a plain folder of MIDI files)."),
+    max_len: int = typer.Option(2048, "--max-len", help="Score positions 0 … N of each piece."),
+    bucket: int = typer.Option(128, help="Positions per bucket in the table, JSON and plot."),
+    max_pieces: int = typer.Option(0, "--max-pieces", help="Score only the first N pieces (0: all)."),
+    json_path: Optional[Path] = typer.Option(None, "--json", help="Write the figures as JSON."),
+    plot: Optional[Path] = typer.Option(None, "--plot", help="Write a PNG of NLL against position."),
+    metrics: bool = typer.Option(False, "--metrics", help="Music metrics of MIDI files instead of model NLL."),
+    reference: Optional[Path] = typer.Option(None, "--reference", help="With --metrics: real MIDI to compare with."),
+    seed: int = typer.Option(0, help="SPE draw used for scoring."),
+    device: str = typer.Option("cpu", help="cpu or cuda."),
+):
+    """Score models by position (NLL per token, up to and past the trained length), or measure music.
+
+    Examples:
+      spemusic eval pop-piano ../shared/data/pop909 --max-len 4096 --plot nll.png --json nll.json
+      spemusic eval runs/ape runs/spe ../shared/data/pop909 --max-len 4096 --plot compare.png
+      spemusic eval --metrics generated/ --reference ../shared/data/pop909
+    """
+    if metrics:
+        _eval_metrics(args, reference, json_path)
+        return
+    from .checkpoint import load_model
+    from .evaluate import evaluate_nll, plot_reports
+
+    if len(args) < 2:
+        raise SpemusicError("give MODEL [MODEL …] DATA")
+    if split not in ("train", "valid", "test", "all"):
+        raise SpemusicError(f"--split must be train, valid, test or all (got {split!r})")
+    *model_names, data = args
+    reports = []
+    for name in model_names:
+        model, tok, info = load_model(name, device=device, return_info=True)
+        with _progress(TextColumn(f"[bold]{escape(name)}"), BarColumn(), MofNCompleteColumn(), TextColumn("pieces"),
+                       TimeElapsedColumn()) as progress:
+            reports.append(evaluate_nll(model, tok, Path(data), split, max_len, bucket, name=name,
+                                        trained_len=info.get("seq_len"), device=device,
+                                        max_pieces=max_pieces or None, progress=progress))
+    table = Table(title=f"NLL per token by position ({split} split of {data})")
+    table.add_column("positions")
+    for r in reports:
+        table.add_column(r.model, justify="right")
+    for i, b in enumerate(reports[0].buckets):
+        marks = [r for r in reports if r.trained_len and b["start"] < r.trained_len <= b["end"]]
+        label = f"{b['start']}-{b['end']}" + (" ← trained length" if marks else "")
+        table.add_row(label, *[f"{r.buckets[i]['nll']:.4f}" if r.buckets[i]["nll"] is not None else "-" for r in reports])
+    table.add_row("[bold]mean", *[f"[bold]{r.mean_nll:.4f}" for r in reports])
+    out.print(table)
+    if json_path is not None:
+        from .generate import write_atomically
+
+        payload = reports[0].to_dict() if len(reports) == 1 else {"models": [r.to_dict() for r in reports]}
+        write_atomically(json.dumps(payload, indent=2).encode(), json_path)
+        err.print(f"wrote {json_path}")
+    if plot is not None:
+        plot_reports(reports, plot)
+        err.print(f"wrote {plot}")
+
+
+def _eval_metrics(args: List[str], reference: Optional[Path], json_path: Optional[Path]) -> None:
+    from .metrics import collection_summary
+    from .tokenizer import REMITokenizer
+
+    tok = REMITokenizer()
+    pairs, _ = _expand_inputs([Path(a) for a in args], {".mid", ".midi"})
+    columns = {"generated": collection_summary([p for p, _ in pairs], tok)}
+    if reference is not None:
+        ref_pairs, _ = _expand_inputs([reference], {".mid", ".midi"})
+        columns["reference"] = collection_summary([p for p, _ in ref_pairs], tok)
+    for name, (means, skipped) in columns.items():
+        if not means:
+            raise SpemusicError(f"{name}: no readable MIDI file ({len(skipped)} skipped)")
+    table = Table(title="music metrics (means over files)")
+    table.add_column("metric")
+    for name in columns:
+        table.add_column(name, justify="right")
+    if len(columns) == 2:
+        table.add_column("generated / reference", justify="right")
+    for key in ("files", "H1", "H4", "GS", "notes_per_bar", "polyphony", "pitch_range"):
+        vals = [columns[n][0][key] for n in columns]
+        row = [f"{v:.0f}" if key == "files" else f"{v:.3f}" for v in vals]
+        if len(vals) == 2:
+            row.append(f"{vals[0] / vals[1]:.2f}" if vals[1] else "-")
+        table.add_row(key, *row)
+    out.print(table)
+    if json_path is not None:
+        from .generate import write_atomically
+
+        write_atomically(json.dumps({n: c[0] for n, c in columns.items()}, indent=2).encode(), json_path)
+
+
 def main() -> None:
     """Entry point: user errors become one line on stderr and a non-zero exit, never a traceback."""
     # a closed stdout (e.g. `| head`) must not print a traceback either

@@ -1,0 +1,123 @@
+"""Per-token NLL by position on the chunked parallel path: how a model's loss behaves up to and
+beyond the length it was trained on (the length-extrapolation study of the SPE paper)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from .data import open_dataset
+from .errors import SpemusicError
+from .model import Performer
+from .tokenizer import REMITokenizer
+
+
+@dataclass
+class NLLReport:
+    model: str
+    mean_nll: float                  # over every scored token
+    trained_len: int | None
+    buckets: list[dict]              # {start, end, nll, tokens}
+    pieces: int
+
+    def to_dict(self) -> dict:
+        return {"model": self.model, "mean_nll": self.mean_nll, "trained_len": self.trained_len,
+                "pieces": self.pieces, "buckets": self.buckets}
+
+    def mean_between(self, start: int, end: int) -> float:
+        rows = [b for b in self.buckets if b["start"] >= start and b["end"] <= end and b["tokens"]]
+        total = sum(b["tokens"] for b in rows)
+        return sum(b["nll"] * b["tokens"] for b in rows) / total if total else float("nan")
+
+
+@torch.no_grad()
+def position_nll(model: Performer, sequences: list[np.ndarray], pad_id: int, max_len: int,
+                 batch_size: int = 4, seed: int = 0, device="cpu", progress=None) -> tuple[np.ndarray, np.ndarray]:
+    """Sum of NLL and count of scored tokens at every target position 1..max_len (index 0 is the
+    first predicted token), over sequences taken from the start of each piece."""
+    model.eval()
+    model.resample(seed)
+    nll_sum = np.zeros(max_len, dtype=np.float64)
+    count = np.zeros(max_len, dtype=np.int64)
+    pieces = [np.asarray(s[: max_len + 1], dtype=np.int64) for s in sequences if len(s) > 1]
+    pieces.sort(key=len, reverse=True)  # similar lengths together: little padding
+    task = progress.add_task("scoring", total=len(pieces)) if progress is not None else None
+    for i in range(0, len(pieces), batch_size):
+        group = pieces[i: i + batch_size]
+        width = max(len(p) for p in group)
+        batch = np.full((len(group), width), pad_id, dtype=np.int64)
+        for j, p in enumerate(group):
+            batch[j, : len(p)] = p
+        x = torch.from_numpy(batch).to(device)
+        logits = model(x[:, :-1]).float()
+        targets = x[:, 1:]
+        nll = F.cross_entropy(logits.transpose(1, 2), targets, reduction="none", ignore_index=pad_id)
+        mask = (targets != pad_id).cpu().numpy()
+        nll_np = nll.cpu().numpy()
+        nll_sum[: width - 1] += (nll_np * mask).sum(0)
+        count[: width - 1] += mask.sum(0)
+        if task is not None:
+            progress.advance(task, len(group))
+    return nll_sum, count
+
+
+def evaluate_nll(model: Performer, tokenizer: REMITokenizer, data: Path, split: str = "valid", max_len: int = 2048,
+                 bucket: int = 128, name: str = "model", trained_len: int | None = None, device="cpu",
+                 max_pieces: int | None = None, progress=None) -> NLLReport:
+    if max_len < 1 or bucket < 1:
+        raise SpemusicError("--max-len and --bucket must be positive")
+    if model.cfg.pe in ("ape", "sinusoidal", "axial") and max_len > model.cfg.max_len:
+        raise SpemusicError(f"{name}: absolute positional encoding limited to {model.cfg.max_len} tokens; "
+                            f"use --max-len {model.cfg.max_len} or less")
+    cache = open_dataset(Path(data), tokenizer.config)
+    if cache.index["fingerprint"] != tokenizer.config.fingerprint():
+        raise SpemusicError(f"{data}: data cache made with another tokenizer than {name}'s")
+    sequences = cache.sequences(split)
+    if not sequences:
+        raise SpemusicError(f"{data}: the {split} split is empty (use --split all for a plain folder)")
+    if max_pieces:
+        sequences = sequences[:max_pieces]
+    nll_sum, count = position_nll(model, sequences, tokenizer.pad_id, max_len, device=device, progress=progress)
+    buckets = []
+    for start in range(0, max_len, bucket):
+        end = min(start + bucket, max_len)
+        n = int(count[start:end].sum())
+        buckets.append({"start": start, "end": end, "nll": float(nll_sum[start:end].sum() / n) if n else None,
+                        "tokens": n})
+    total = int(count.sum())
+    return NLLReport(name, float(nll_sum.sum() / total), trained_len, buckets, len(sequences))
+
+
+def plot_reports(reports: list[NLLReport], path: Path) -> None:
+    """NLL against position, one curve per model, the trained lengths marked."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise SpemusicError("--plot needs matplotlib: pip install 'spemusic[plot]'") from None
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for r in reports:
+        xs = [(b["start"] + b["end"]) / 2 for b in r.buckets if b["nll"] is not None]
+        ys = [b["nll"] for b in r.buckets if b["nll"] is not None]
+        line, = ax.plot(xs, ys, marker=".", label=r.model)
+        if r.trained_len:
+            ax.axvline(r.trained_len, color=line.get_color(), linestyle=":", linewidth=1)
+    ax.set_xlabel("token position")
+    ax.set_ylabel("NLL per token (nats)")
+    ax.set_title("loss by position (dotted: trained length)")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    from .generate import write_atomically
+    import io
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=120)
+    plt.close(fig)
+    write_atomically(buf.getvalue(), Path(path))
