@@ -103,7 +103,7 @@ def load_model(name_or_path: str | Path = "pop-piano", device: str | torch.devic
     except Exception as e:  # noqa: BLE001
         raise SpemusicError(f"{weights}: weights do not fit the model config ({str(e).splitlines()[0][:160]})") from None
     if unexpected or any(not _is_tied(model, k) for k in missing):
-        raise SpemusicError(f"{weights}: weights do not fit the model config (missing {missing[:3]}, unexpected {unexpected[:3]})")
+        raise SpemusicError(f"{weights}: weights do not fit the model config (missing {sorted(missing)[:3]}, unexpected {sorted(unexpected)[:3]})")
     model.float().to(device).eval()
     if return_info:
         return model, tokenizer, meta["info"]
