@@ -1,0 +1,157 @@
+"""The command line: help and version, tokenize/detokenize, data prepare, bad input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import spemusic
+from spemusic.data import TokenCache, WindowSampler, default_cache_dir, fixed_windows, prepare
+from spemusic.errors import SpemusicError
+from spemusic.tokenizer import REMITokenizer, TokenizerConfig
+
+COMMANDS = ["tokenize", "detokenize", "data", "train", "generate", "continue", "models", "eval"]
+
+
+def test_help_lists_every_command_and_version(run_cli):
+    code, out, _ = run_cli("--help")
+    assert code == 0
+    for c in COMMANDS:
+        assert c in out
+    for c in ["tokenize", "detokenize", "train", "generate", "continue", "eval"]:
+        code, out, _ = run_cli(c, "--help")
+        assert code == 0 and "Example" in out, c
+    code, out, _ = run_cli("data", "prepare", "--help")
+    assert code == 0 and "Example" in out
+    code, out, _ = run_cli("--version")
+    assert code == 0 and out.strip() == f"spemusic {spemusic.__version__}"
+
+
+def test_tokenize_detokenize_round_trip(run_cli, examples, tmp_path):
+    txt, mid = tmp_path / "piano.txt", tmp_path / "again.mid"
+    assert run_cli("tokenize", examples["piano"], "-o", txt)[0] == 0
+    lines = txt.read_text().split()
+    assert lines[:3] == ["BOS", "Bar", "TimeSig_4/4"] and lines[-1] == "EOS"
+    assert run_cli("detokenize", txt, "-o", mid)[0] == 0
+    tok = REMITokenizer()
+    assert np.array_equal(tok.encode(mid), tok.encode(examples["piano"]))
+
+
+def _bad_files(folder: Path, examples) -> dict[str, Path]:
+    files = {"empty": folder / "empty.mid", "garbage": folder / "garbage.mid", "truncated": folder / "truncated.mid",
+             "noteless": folder / "noteless.mid"}
+    files["empty"].write_bytes(b"")
+    files["garbage"].write_bytes(b"%PDF-1.4 not music " * 20)
+    files["truncated"].write_bytes(examples["groove"].read_bytes()[:70])
+    import miditoolkit
+
+    miditoolkit.MidiFile(ticks_per_beat=96).dump(str(files["noteless"]))
+    return files
+
+
+@pytest.mark.parametrize("kind,message", [("empty", "empty file"), ("garbage", "not a MIDI file"),
+                                          ("truncated", "truncated.mid"), ("noteless", "no notes")])
+def test_single_bad_file_is_one_line_error(run_cli, examples, tmp_path, kind, message):
+    bad = _bad_files(tmp_path, examples)[kind]
+    out = tmp_path / "out.txt"
+    code, _, err = run_cli("tokenize", bad, "-o", out)
+    assert code == 1
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0] and str(bad) in lines[0]
+    assert not out.exists()
+
+
+def test_folder_mode_skips_bad_files(run_cli, examples, tmp_path):
+    src = tmp_path / "src"
+    (src / "sub").mkdir(parents=True)
+    _bad_files(src, examples)
+    (src / "sub" / "GROOVE.MIDI").write_bytes(examples["groove"].read_bytes())
+    (src / "piano.mid").write_bytes(examples["piano"].read_bytes())
+    code, _, err = run_cli("tokenize", src, "-o", tmp_path / "tokens")
+    assert code == 0, err
+    assert sorted(p.relative_to(tmp_path / "tokens").as_posix() for p in (tmp_path / "tokens").rglob("*.txt")) == \
+        ["piano.txt", "sub/GROOVE.txt"]
+    assert err.count("skipped") >= 4 and "2 of 6 files written" in err
+    code, _, err = run_cli("detokenize", tmp_path / "tokens", "-o", tmp_path / "midi")
+    assert code == 0, err
+    assert (tmp_path / "midi" / "sub" / "GROOVE.mid").is_file()
+
+
+def test_detokenize_bad_tokens(run_cli, tmp_path):
+    bad = tmp_path / "bad.txt"
+    bad.write_text("BOS\nBar\nNotAToken_3\n")
+    code, _, err = run_cli("detokenize", bad, "-o", tmp_path / "x.mid")
+    assert code == 1 and "NotAToken_3" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "x.mid").exists()
+    code, _, err = run_cli("tokenize", tmp_path / "missing.mid")
+    assert code == 1 and "no such file" in err
+
+
+def test_data_prepare_cache_reuse_and_summary(run_cli, examples, tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(6):
+        (src / f"p{i}.mid").write_bytes(examples["piano" if i % 2 else "groove"].read_bytes())
+    (src / "broken.mid").write_bytes(b"")
+    code, out, err = run_cli("data", "prepare", src, "-o", tmp_path / "cache")
+    assert code == 0, err
+    assert "skipped files: 1" in out and "vocabulary coverage" in out and "tokens/file" in out
+    index = json.loads((tmp_path / "cache" / "index.json").read_text())
+    assert index["skipped"][0]["path"] == "broken.mid" and "empty" in index["skipped"][0]["reason"]
+    assert sum(s["files"] for s in index["splits"].values()) == 6
+    code, out, _ = run_cli("data", "prepare", src, "-o", tmp_path / "cache")
+    assert code == 0 and "reused" in out
+    # another tokenizer config never reuses (or overwrites) this cache
+    with pytest.raises(SpemusicError, match="another tokenizer config"):
+        prepare(src, tmp_path / "cache", TokenizerConfig(beat_resolution=8))
+    assert default_cache_dir(src, TokenizerConfig()) != default_cache_dir(src, TokenizerConfig(beat_resolution=8))
+    # a changed file is noticed
+    (src / "p0.mid").write_bytes(examples["piano"].read_bytes() + b"")
+    import os
+
+    os.utime(src / "p0.mid", (1, 1))
+    code, out, _ = run_cli("data", "prepare", src, "-o", tmp_path / "cache")
+    assert code == 0 and "reused" not in out
+
+
+def test_real_data_prepare_splits_and_windows(shared_data, tmp_path):
+    cache, reused = prepare(shared_data / "groove", tmp_path / "groove")
+    assert not reused
+    counts = cache.index["splits"]
+    assert counts["train"]["files"] == 897 and counts["valid"]["files"] == 124  # info.csv's split column
+    sampler = WindowSampler(cache, "train", 256)
+    batch = sampler.sample(np.random.default_rng(0), 16)
+    tok = cache.tokenizer
+    assert batch.shape == (16, 257)
+    assert all(w[0] in (tok.bar_id, tok.bos_id) for w in batch)  # windows start at bar lines
+    valid = fixed_windows(cache, "valid", 256, max_windows=8)
+    assert np.array_equal(valid, fixed_windows(TokenCache.load(tmp_path / "groove"), "valid", 256, max_windows=8))
+
+
+def test_transposition_keeps_drums_and_range():
+    tok = REMITokenizer()
+    ids = tok.tokens_to_ids(["BOS", "Bar", "TimeSig_4/4", "Position_0", "Tempo_10",
+                             "Program_0", "Pitch_125", "Velocity_20", "Duration_3",
+                             "Program_drums", "Pitch_36", "Velocity_20", "EOS"])
+
+    class FakeCache:
+        path = Path(".")
+        tokenizer = tok
+
+        def sequences(self, split):
+            return [ids]
+
+    sampler = WindowSampler(FakeCache(), "train", 12)
+    rng = np.random.default_rng(0)
+    shifts = set()
+    for _ in range(50):
+        w = sampler.transpose(np.asarray(ids, dtype=np.int64), rng)
+        tokens = tok.ids_to_tokens(w)
+        assert tokens[10] == "Pitch_36"  # the drum note stays
+        pitch = int(tokens[6].split("_")[1])
+        assert 119 <= pitch <= 127
+        shifts.add(pitch - 125)
+    assert min(shifts) < 0 and max(shifts) == 2
