@@ -246,6 +246,8 @@ def train(
     precision: Optional[Precision] = typer.Option(None, help="auto: bf16 on GPUs and AMX CPUs, else fp32. [default: auto]"),
     compile: Optional[bool] = typer.Option(None, "--compile/--no-compile", help="torch.compile the model. [default: no]"),
     seed: Optional[int] = typer.Option(None, help="Random seed. [default: 0]"),
+    max_len: Optional[int] = typer.Option(None, "--max-len", help="Longest sequence of an absolute PE (ape, "
+                                          "sinusoidal, axial) at generation/eval; SPE has no limit. [default: max(seq-len, 2048)]"),
     resume: Optional[Path] = typer.Option(None, "--resume", help="Continue the run in this folder where it stopped."),
     stop_after: Optional[int] = typer.Option(None, "--stop-after", help="Stop after this many steps of this invocation "
                                              "(the schedule still follows --steps; resume later)."),
@@ -263,7 +265,7 @@ def train(
         preset=preset, pe=pe, gated=gated, attention=attention, seq_len=seq_len, batch_size=batch_size,
         grad_accum=grad_accum, steps=steps, epochs=epochs, lr=lr, warmup=warmup, weight_decay=weight_decay,
         feature_redraw=feature_redraw, val_every=val_every, save_every=save_every, log_every=log_every,
-        device=device, precision=precision, compile=compile, seed=seed).items() if v is not None}
+        device=device, precision=precision, compile=compile, seed=seed, max_len=max_len).items() if v is not None}
     if resume is not None:
         run_training(TrainConfig(steps=given.get("steps", 0)), resume, resume=True, stop_after=stop_after, console=err)
         return

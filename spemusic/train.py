@@ -51,6 +51,7 @@ class TrainConfig:
     compile: bool = False
     seed: int = 0
     transpose: int = 6
+    max_len: int = 0             # positions of an absolute PE (0: max(seq_len, 2048)); SPE has no limit
 
     def check(self) -> None:
         if self.preset not in PRESETS:
@@ -227,7 +228,7 @@ def train(cfg: TrainConfig, run_dir: Path, resume: bool = False, stop_after: int
 
     torch.manual_seed(cfg.seed)
     model_cfg = ModelConfig.preset(cfg.preset, vocab_size=len(tokenizer), pe=cfg.pe, gated=cfg.gated,
-                                   attention=cfg.attention, max_len=max(cfg.seq_len, 2048))
+                                   attention=cfg.attention, max_len=cfg.max_len or max(cfg.seq_len, 2048))
     model = Performer(model_cfg).to(device)
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2 and "embed" not in n]
     no_decay = [p for n, p in model.named_parameters() if not (p.dim() >= 2 and "embed" not in n)]
