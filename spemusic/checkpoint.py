@@ -131,6 +131,7 @@ def write_weights(path: Path, model: Performer, tokenizer_config: TokenizerConfi
         "info": json.dumps(info),
     }
     safetensors.torch.save_model(to_save, str(path), metadata=metadata)
+    os.chmod(path, 0o644)  # readable by other users (e.g. the non-root user of the Docker image)
 
 
 def save_run_checkpoint(run_dir: Path, names: list[str], step: int, model: Performer,

@@ -1,0 +1,77 @@
+"""Long generation at constant cost per token: wall time, per-token time and peak memory of
+`spemusic generate --length` 1,000 / 8,000 / 64,000 with the default model (each in a fresh
+process), and tokens/s for --num 1 vs --num 8, side by side in one run.
+
+    python benchmarks/generate_long.py                 # ~10 min on 2 CPU cores
+    python benchmarks/generate_long.py --lengths 1000 8000 --model groove
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import time
+
+
+def child(model: str, length: int, num: int, seed: int) -> None:
+    """Run in a fresh process: sample, print one JSON line with timings and peak RSS."""
+    from spemusic.checkpoint import load_model
+    from spemusic.sampling import sample
+
+    model_, tok = load_model(model)
+    rss_loaded = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    times = []
+    last = [time.perf_counter()]
+
+    def on_token(n, bars):
+        now = time.perf_counter()
+        times.append(now - last[0])
+        last[0] = now
+
+    result = sample(model_, tok, num=num, length=length, seed=seed, on_token=on_token)
+    tail = times[-min(1000, len(times) // 2):]
+    head = times[5: 5 + len(tail)]
+    print(json.dumps({
+        "length": length, "num": num, "wall_s": result.wall_seconds,
+        "tokens_per_s": result.new_tokens * num / result.wall_seconds,
+        "ms_per_step_first": 1e3 * sum(head) / max(len(head), 1),
+        "ms_per_step_last": 1e3 * sum(tail) / max(len(tail), 1),
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "rss_after_load_mb": rss_loaded,
+    }))
+
+
+def run(model: str, length: int, num: int, seed: int = 0) -> dict:
+    out = subprocess.run([sys.executable, __file__, "--child", model, str(length), str(num), str(seed)],
+                         capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="pop-piano")
+    ap.add_argument("--lengths", type=int, nargs="+", default=[1000, 8000, 64000])
+    ap.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        m, length, num, seed = args.child
+        child(m, int(length), int(num), int(seed))
+        return
+    print(f"model {args.model}, batch 1, fresh process per run")
+    rows = [run(args.model, n, 1) for n in args.lengths]
+    base = rows[0]
+    print(f"{'length':>8}{'wall s':>9}{'tok/s':>8}{'ms/tok first':>14}{'ms/tok last':>13}{'vs 1st run':>12}"
+          f"{'peak MB':>9}{'vs 1st run':>12}")
+    for r in rows:
+        print(f"{r['length']:>8}{r['wall_s']:>9.1f}{r['tokens_per_s']:>8.0f}{r['ms_per_step_first']:>14.2f}"
+              f"{r['ms_per_step_last']:>13.2f}{r['ms_per_step_last'] / base['ms_per_step_last']:>11.2f}x"
+              f"{r['peak_rss_mb']:>9.0f}{r['peak_rss_mb'] / base['peak_rss_mb']:>11.2f}x")
+    b1, b8 = run(args.model, 1000, 1), run(args.model, 1000, 8)
+    print(f"\nbatch 1: {b1['tokens_per_s']:.0f} tok/s; batch 8: {b8['tokens_per_s']:.0f} tok/s "
+          f"({b8['tokens_per_s'] / b1['tokens_per_s']:.2f}x; goal >= 4x)")
+
+
+if __name__ == "__main__":
+    main()
