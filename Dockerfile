@@ -12,7 +12,8 @@ RUN python3 -m venv /opt/spemusic
 ENV PATH=/opt/spemusic/bin:$PATH \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
-RUN pip install --index-url "$TORCH_INDEX_URL" "torch==${TORCH_VERSION}"
+# torch from the CPU index, its dependencies (filelock, sympy, …) from PyPI
+RUN pip install --extra-index-url "$TORCH_INDEX_URL" "torch==${TORCH_VERSION}"
 COPY pyproject.toml README.md /src/
 COPY spemusic /src/spemusic
 COPY checkpoints /src/checkpoints
