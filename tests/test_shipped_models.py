@@ -1,0 +1,64 @@
+"""The models shipped in checkpoints/: they load, make valid music with no data, pick the right
+model for a prompt, and their cards' figures are what `spemusic eval` measures."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import miditoolkit
+import numpy as np
+import pytest
+
+from spemusic.checkpoint import available_models, load_model
+from spemusic.grammar import REMIGrammar
+from spemusic.tokenizer import REMITokenizer
+
+
+def test_both_models_are_installed(run_cli):
+    models = available_models()
+    assert {"pop-piano", "groove"} <= set(models)
+    for name in ("pop-piano", "groove"):
+        assert (models[name] / "model.safetensors").stat().st_size <= 25 * 2**20
+        assert (models[name] / "README.md").is_file()
+        model, tok = load_model(name)
+        assert model.cfg.pe == "sinespe" and model.cfg.gated
+    code, out, _ = run_cli("models")
+    assert code == 0 and "pop-piano" in out and "groove" in out and "sinespe gated" in out
+
+
+def test_generate_4096_with_the_default_model(run_cli, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run_cli("generate", "--length", 4096, "-o", "x.mid", "--json")
+    assert code == 0, err
+    record = json.loads(out.strip().splitlines()[-1])
+    assert record["notes"] > 100 and record["bars"] > 8
+    tok = REMITokenizer()
+    ids = tok.encode(tmp_path / "x.mid")
+    assert REMIGrammar(tok).is_valid(ids)
+    midi = miditoolkit.MidiFile(str(tmp_path / "x.mid"))
+    assert not any(i.is_drum for i in midi.instruments)
+
+
+def test_continue_a_drum_prompt_with_drums(run_cli, examples, tmp_path):
+    out = tmp_path / "more.mid"
+    code, _, err = run_cli("continue", examples["groove"], "--bars", 4, "-o", out, "--seed", 3)
+    assert code == 0, err
+    src = miditoolkit.MidiFile(str(examples["groove"]))
+    got = miditoolkit.MidiFile(str(out))
+    assert all(i.is_drum for i in got.instruments), "a drum prompt must be continued by the groove model"
+    before = {(n.start, n.pitch) for i in src.instruments for n in i.notes}
+    after = {(n.start, n.pitch) for i in got.instruments for n in i.notes}
+    assert before < after and max(s for s, _ in after) >= 2 * 4 * src.ticks_per_beat
+
+
+@pytest.mark.parametrize("name,data", [("pop-piano", "pop909"), ("groove", "groove")])
+def test_model_card_nll_is_reproduced_by_eval(run_cli, shared_data, tmp_path, name, data):
+    card = (available_models()[name] / "README.md").read_text()
+    match = re.search(r"spemusic eval \S+ \S+ --max-len (\d+)", card)
+    figure = re.search(r"\*\*valid NLL, `spemusic eval`, positions 0–\d+\*\* \| \*\*([0-9.]+)\*\*", card)
+    assert match and figure, "the card gives its eval command and figure"
+    code, out, err = run_cli("eval", name, shared_data / data, "--max-len", match.group(1), "--json", tmp_path / "e.json")
+    assert code == 0, err
+    measured = json.loads((tmp_path / "e.json").read_text())["mean_nll"]
+    assert measured == pytest.approx(float(figure.group(1)), rel=0.01)
