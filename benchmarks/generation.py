@@ -24,7 +24,6 @@ import time
 import torch
 import torch.nn.functional as F
 
-from spemusic.attention import KVCache
 from spemusic.model import ModelConfig, Performer
 
 VOCAB = 400

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import sys
 import time
@@ -18,7 +17,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from . import __version__
-from .errors import MidiError, SpemusicError
+from .errors import SpemusicError
 
 app = typer.Typer(
     help="Symbolic music generation with long-context Performers and Stochastic Positional Encoding.\n\n"
@@ -98,7 +97,7 @@ def _convert_many(inputs, output, suffixes, new_suffix, convert, what: str) -> N
 
 
 def _write_text_atomically(text: str, dest: Path) -> None:
-    from .generate import write_atomically
+    from .files import write_atomically
 
     write_atomically(text.encode(), dest)
 
@@ -410,7 +409,8 @@ def _generate_or_continue(model_name, prompt_path, prompt_bars, length, bars, nu
     import torch
 
     from .checkpoint import load_model
-    from .generate import load_prompt, merge_continuation, midi_bytes, output_paths, write_atomically
+    from .files import write_atomically
+    from .generate import load_prompt, merge_continuation, midi_bytes, output_paths
     from .sampling import SamplingOptions
     from .tokenizer import REMITokenizer
 
@@ -534,7 +534,7 @@ def eval_(
     table.add_row("[bold]mean", *[f"[bold]{r.mean_nll:.4f}" for r in reports])
     out.print(table)
     if json_path is not None:
-        from .generate import write_atomically
+        from .files import write_atomically
 
         payload = reports[0].to_dict() if len(reports) == 1 else {"models": [r.to_dict() for r in reports]}
         write_atomically(json.dumps(payload, indent=2).encode(), json_path)
@@ -571,7 +571,7 @@ def _eval_metrics(args: List[str], reference: Optional[Path], json_path: Optiona
         table.add_row(key, *row)
     out.print(table)
     if json_path is not None:
-        from .generate import write_atomically
+        from .files import write_atomically
 
         write_atomically(json.dumps({n: c[0] for n, c in columns.items()}, indent=2).encode(), json_path)
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 import csv
 import hashlib
 import json
+import io
 import os
-import tempfile
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from .errors import MidiError, SpemusicError
+from .files import write_atomically
 from .tokenizer import REMITokenizer, TokenizerConfig
 
 SPLITS = ("train", "valid", "test")
@@ -235,14 +236,10 @@ def _write_cache_atomically(cache_dir: Path, tokens: np.ndarray, index: dict) ->
     index is always complete."""
     cache_dir.mkdir(parents=True, exist_ok=True)
     (cache_dir / "index.json").unlink(missing_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=cache_dir, suffix=".npy.tmp")
-    with os.fdopen(fd, "wb") as f:
-        np.save(f, tokens)
-    os.replace(tmp, cache_dir / "tokens.npy")
-    fd, tmp = tempfile.mkstemp(dir=cache_dir, suffix=".json.tmp")
-    with os.fdopen(fd, "w") as f:
-        json.dump(index, f)
-    os.replace(tmp, cache_dir / "index.json")
+    buf = io.BytesIO()
+    np.save(buf, tokens)
+    write_atomically(buf.getvalue(), cache_dir / "tokens.npy")
+    write_atomically(json.dumps(index).encode(), cache_dir / "index.json")
 
 
 def open_dataset(data: Path, config: TokenizerConfig | None = None, progress=None) -> TokenCache:

@@ -114,7 +114,7 @@ def plot_reports(reports: list[NLLReport], path: Path) -> None:
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    from .generate import write_atomically
+    from .files import write_atomically
     import io
 
     buf = io.BytesIO()

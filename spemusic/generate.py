@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import io
 import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,17 +44,6 @@ def output_paths(out: Path, num: int, overwrite: bool) -> list[Path]:
         if not os.access(parent, os.W_OK):
             raise SpemusicError(f"{p}: cannot write: folder {parent} is not writable")
     return paths
-
-
-def write_atomically(data: bytes, path: Path) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def midi_bytes(midi: miditoolkit.MidiFile) -> bytes:

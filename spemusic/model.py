@@ -39,7 +39,7 @@ from spemusic.attention import (
 )
 from spemusic.errors import SpemusicError
 from spemusic.positional import AbsolutePE, build_absolute_pe
-from spemusic.spe import ConvSPE, ConvStream, SineSPE, SPEContext, SPEFilter, mix_seed
+from spemusic.spe import ConvSPE, SineSPE, SPEContext, SPEFilter, mix_seed
 
 __all__ = ["ModelConfig", "Performer", "State"]
 

@@ -37,7 +37,6 @@ import math
 from dataclasses import dataclass, field
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 __all__ = ["SineSPE", "ConvSPE", "SPEFilter", "SineCode", "ConvCode", "mix_seed"]

@@ -82,16 +82,15 @@ import hashlib
 import json
 import math
 import os
-import tempfile
 from dataclasses import asdict, dataclass, fields
 from fractions import Fraction
-from pathlib import Path
 from typing import Any, Iterable
 
 import numpy as np
 import symusic
 
 from spemusic.errors import MidiError
+from spemusic.files import write_atomically
 
 __all__ = ["TokenizerConfig", "REMITokenizer", "TokenError", "default_time_signatures"]
 
@@ -851,15 +850,4 @@ class REMITokenizer:
     def write_midi(self, ids, path) -> None:
         """Decode ids and write a MIDI file atomically (temporary file + os.replace)."""
         data = self.decode_to_score(ids).dumps_midi()
-        path = Path(path)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent or ".")
-        try:
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(data)
-            os.replace(tmp, path)
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            raise
+        write_atomically(data, path)

@@ -16,7 +16,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from . import checkpoint
-from .data import TokenCache, WindowSampler, fixed_windows, open_dataset
+from .data import WindowSampler, fixed_windows, open_dataset
 from .errors import SpemusicError
 from .model import ModelConfig, Performer
 from .tokenizer import TokenizerConfig

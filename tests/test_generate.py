@@ -3,7 +3,6 @@ bad input, Ctrl-C."""
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import signal

@@ -7,7 +7,6 @@ import json
 import re
 
 import miditoolkit
-import numpy as np
 import pytest
 
 from spemusic.checkpoint import available_models, load_model
