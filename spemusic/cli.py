@@ -109,8 +109,11 @@ def tokenize(
 ):
     """Turn MIDI files into readable REMI tokens, one per line.
 
-    Examples:  spemusic tokenize data/examples/piano.mid -o piano.txt
-               spemusic tokenize my_midis/ -o my_tokens/
+    Examples:
+
+    spemusic tokenize data/examples/piano.mid -o piano.txt
+
+    spemusic tokenize my_midis/ -o my_tokens/
     """
     from .tokenizer import REMITokenizer
 
@@ -130,8 +133,11 @@ def detokenize(
 ):
     """Turn readable REMI tokens back into MIDI files.
 
-    Examples:  spemusic detokenize piano.txt -o piano_again.mid
-               spemusic detokenize my_tokens/ -o my_midis_again/
+    Examples:
+
+    spemusic detokenize piano.txt -o piano_again.mid
+
+    spemusic detokenize my_tokens/ -o my_midis_again/
     """
     from .tokenizer import REMITokenizer
 
@@ -165,7 +171,9 @@ def data_prepare(
 ):
     """Tokenize a MIDI collection into a compact cache with train/valid/test splits.
 
-    Example:  spemusic data prepare ../shared/data/pop909 -o cache/pop909
+    Example:
+
+    spemusic data prepare ../shared/data/pop909 -o cache/pop909
     """
     from .data import prepare
 
@@ -254,9 +262,12 @@ def train(
     """Train a Performer with SPE on MIDI files (CPU, GPU, or many GPUs with torchrun).
 
     Examples:
-      spemusic train ../shared/data/pop909 -o runs/pop --preset small --steps 2000
-      spemusic train --resume runs/pop
-      torchrun --nproc_per_node 4 -m spemusic train my_midis/ -o runs/big --preset paper --steps 100000
+
+    spemusic train ../shared/data/pop909 -o runs/pop --preset small --steps 2000
+
+    spemusic train --resume runs/pop
+
+    torchrun --nproc_per_node 4 -m spemusic train my_midis/ -o runs/big --preset paper --steps 100000
     """
     from .train import TrainConfig, train as run_training
 
@@ -366,8 +377,11 @@ def generate(
 ):
     """Sample new pieces from scratch and write MIDI files.
 
-    Examples:  spemusic generate --length 4096 -o song.mid
-               spemusic generate --bars 16 --num 4 --temperature 0.9 -o sketches/
+    Examples:
+
+    spemusic generate --length 4096 -o song.mid
+
+    spemusic generate --bars 16 --num 4 --temperature 0.9 -o sketches/
     """
     _check_length_bars(length, bars)
     _generate_or_continue(model, None, None, length, bars, num, temperature, top_p, top_k, seed, output, overwrite,
@@ -395,8 +409,11 @@ def continue_(
 ):
     """Continue a MIDI file: the prompt is kept note for note, new bars follow.
 
-    Examples:  spemusic continue data/examples/groove.mid --bars 8 -o more.mid
-               spemusic continue song.mid --prompt-bars 4 --length 2048 -o song_more.mid
+    Examples:
+
+    spemusic continue data/examples/groove.mid --bars 8 -o more.mid
+
+    spemusic continue song.mid --prompt-bars 4 --length 2048 -o song_more.mid
     """
     _check_length_bars(length, bars)
     output = output or Path(f"{prompt.with_suffix('').name}-continued.mid")
@@ -462,7 +479,9 @@ def _generate_or_continue(model_name, prompt_path, prompt_bars, length, bars, nu
 def models():
     """List the shipped models (and those in $SPEMUSIC_CHECKPOINTS).
 
-    Example:  spemusic models
+    Example:
+
+    spemusic models
     """
     from .checkpoint import available_models, read_metadata
 
@@ -500,9 +519,12 @@ def eval_(
     """Score models by position (NLL per token, up to and past the trained length), or measure music.
 
     Examples:
-      spemusic eval pop-piano ../shared/data/pop909 --max-len 4096 --plot nll.png --json nll.json
-      spemusic eval runs/ape runs/spe ../shared/data/pop909 --max-len 4096 --plot compare.png
-      spemusic eval --metrics generated/ --reference ../shared/data/pop909
+
+    spemusic eval pop-piano ../shared/data/pop909 --max-len 4096 --plot nll.png --json nll.json
+
+    spemusic eval runs/ape runs/spe ../shared/data/pop909 --max-len 4096 --plot compare.png
+
+    spemusic eval --metrics generated/ --reference ../shared/data/pop909
     """
     if metrics:
         _eval_metrics(args, reference, json_path)
