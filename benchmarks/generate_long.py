@@ -18,9 +18,13 @@ import time
 
 def child(model: str, length: int, num: int, seed: int) -> None:
     """Run in a fresh process: sample, print one JSON line with timings and peak RSS."""
+    import torch
+
     from spemusic.checkpoint import load_model
     from spemusic.sampling import sample
 
+    if num <= 2:
+        torch.set_num_threads(1)  # as `spemusic generate` does for batch-1 sampling
     model_, tok = load_model(model)
     rss_loaded = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     times = []
