@@ -38,11 +38,9 @@ def export(src: Path, dest: Path, name: str, data: Path, credit: str, command: s
     cfg = model.cfg.to_dict()
     card = f"""# {name}
 
-A Performer (FAVOR+ linear attention) with gated sineSPE, trained by spemusic on
-{credit}. Trained on {credit.split(' (')[0]}'s train split; figures on its valid split.
-
-Trained on {credit} — "trained on POP909 (MIT) and the Groove MIDI Dataset (CC BY 4.0)" covers
-both shipped models.
+A Performer (FAVOR+ linear attention) with gated sineSPE, shipped with spemusic. Trained on
+{credit}, train split; figures measured on its valid split. Credit: "trained on POP909 (MIT) and
+the Groove MIDI Dataset (CC BY 4.0)" covers both shipped models.
 
 | | |
 |---|---|
@@ -65,8 +63,7 @@ Reproduce the figures:
 spemusic eval {name} {data} --max-len {eval_len}
 ```
 
-Reproduce the model (2 CPU cores, about 1.5 hours; the training ran as one job with two
-resumes that extended `--steps`, see the note below):
+Reproduce the model:
 
 ```bash
 {command}
