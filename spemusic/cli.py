@@ -250,7 +250,7 @@ def train(
     save_every: Optional[int] = typer.Option(None, help="Save `last` every N steps. [default: 200]"),
     log_every: Optional[int] = typer.Option(None, help="Write metrics.jsonl every N steps. [default: 10]"),
     device: Optional[str] = typer.Option(None, help="auto, cpu or cuda. [default: auto]"),
-    precision: Optional[Precision] = typer.Option(None, help="auto: bf16 on GPUs and AMX CPUs, else fp32. [default: auto]"),
+    precision: Optional[Precision] = typer.Option(None, help="auto: bf16 on GPUs and on CPUs with AMX/AVX512-BF16, else fp32. [default: auto]"),
     compile: Optional[bool] = typer.Option(None, "--compile/--no-compile", help="torch.compile the model. [default: no]"),
     seed: Optional[int] = typer.Option(None, help="Random seed. [default: 0]"),
     max_len: Optional[int] = typer.Option(None, "--max-len", help="Longest sequence of an absolute PE (ape, "
