@@ -11,6 +11,12 @@ because the grammar is exactly what the tokenizer writes, re-tokenizes to itself
 - notes at one Position sorted by (program, pitch), non-decreasing; a doubled (program, pitch)
   comes longest first, then loudest (as the tokenizer sorts them); Duration only for pitched
   programs (drums have none).
+
+`strict_order=False` relaxes only the order of the notes inside one Position (any program and
+pitch, but no (program, pitch) twice, at most `max_notes_per_onset` notes): a model that has not
+learned the order exactly would otherwise be pushed up to pitch 127 by the mask (POP909 has at
+most 14 notes at one onset, 8 at the 99.9th percentile; Groove at most 4). The sampler then puts the notes of every
+onset back in the tokenizer's order (`canonical`), so what it returns is strictly valid.
 """
 
 from __future__ import annotations
@@ -34,12 +40,15 @@ class GrammarState:
     tempo: int = -1               # current Tempo id
     note: list = field(default_factory=lambda: [-1, -1, -1])  # (program, pitch, velocity) ids of the note being written
     last_note: tuple = (-1, -1, -1, -1)  # (program, pitch, velocity, duration) ids of the last note at this Position
+    used: set = field(default_factory=set)  # (program, pitch) ids already at this Position
     eos: bool = False
 
 
 class REMIGrammar:
-    def __init__(self, tokenizer: REMITokenizer):
+    def __init__(self, tokenizer: REMITokenizer, strict_order: bool = True, max_notes_per_onset: int = 16):
         self.tok = tokenizer
+        self.strict_order = strict_order
+        self.max_notes_per_onset = max_notes_per_onset
         self.V = len(tokenizer)
         r = tokenizer.range
         self.ts_lo, self.ts_hi = r("TimeSig")
@@ -89,8 +98,10 @@ class REMIGrammar:
             m[self.pos_lo + st.pos + 1: self.pos_lo + st.bar_len] = True
             m[tok.bar_id] = allow_bar
             m[tok.eos_id] = allow_eos and last == NOTE_END  # a trailing empty bar would not round-trip
-            if last == NOTE_END:
+            if last == NOTE_END and self.strict_order:
                 m[st.last_note[0]:self.prog_hi] = True
+            elif last == NOTE_END and len(st.used) < self.max_notes_per_onset:
+                m[self.prog_lo:self.prog_hi] = True
         elif last == POSITION:
             m[self.tempo_lo:self.tempo_hi] = True
             if st.tempo >= 0:
@@ -98,9 +109,17 @@ class REMIGrammar:
                 m[self.prog_lo:self.prog_hi] = True
         elif last == TEMPO:
             m[self.prog_lo:self.prog_hi] = True
+        elif last == PROGRAM and not self.strict_order:
+            m[self.pitch_lo:self.pitch_hi] = True
+            for prog, pitch in st.used:
+                if prog == st.note[0]:
+                    m[pitch] = False
         elif last == PROGRAM:
             prog, pitch = st.last_note[:2]
             m[pitch if prog == st.note[0] else self.pitch_lo:self.pitch_hi] = True
+        elif last in (PITCH, VELOCITY) and not self.strict_order:
+            lo, hi = (self.vel_lo, self.vel_hi) if last == PITCH else (self.dur_lo, self.dur_hi)
+            m[lo:hi] = True
         elif last == PITCH:
             doubled = tuple(st.note[:2]) == st.last_note[:2]
             # doubled drum hits go loudest first; so do doubled notes when no shorter duration is left
@@ -140,6 +159,7 @@ class REMIGrammar:
         elif kind == POSITION:
             st.pos = token - self.pos_lo
             st.last_note = (-1, -1, -1, -1)
+            st.used = set()
             st.last = POSITION
         elif kind == TEMPO:
             st.tempo = token
@@ -149,6 +169,7 @@ class REMIGrammar:
             st.last = PROGRAM
         elif kind == PITCH:
             st.note[1] = token
+            st.used.add((st.note[0], token))
             st.last = PITCH
         elif kind == VELOCITY:
             st.note[2] = token

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .errors import SpemusicError
+from .errors import MidiError, SpemusicError
 from .grammar import BAR, NOTE_END, TIMESIG, GrammarState, REMIGrammar
 from .model import Performer
 from .tokenizer import REMITokenizer
@@ -86,6 +86,15 @@ def finish_sequence(ids: list[int], tokenizer: REMITokenizer, grammar: REMIGramm
     return np.asarray(ids + [tokenizer.eos_id], dtype=np.int64)
 
 
+def canonical(ids: np.ndarray, tokenizer: REMITokenizer) -> np.ndarray:
+    """The notes of every onset in the tokenizer's order: exactly what the written MIDI file
+    re-tokenizes to (decode, then encode)."""
+    try:
+        return tokenizer.encode(tokenizer.decode_to_score(ids)).astype(np.int64)
+    except MidiError:  # no note at all: nothing to reorder
+        return ids
+
+
 @torch.inference_mode()
 def sample(model: Performer, tokenizer: REMITokenizer, *, num: int = 1, length: int | None = None,
            bars: int | None = None, prompt: np.ndarray | None = None, options: SamplingOptions | None = None,
@@ -103,7 +112,7 @@ def sample(model: Performer, tokenizer: REMITokenizer, *, num: int = 1, length: 
         raise SpemusicError(f"--length must be at least 1 (got {length})")
     if bars is not None and bars < 1:
         raise SpemusicError(f"--bars must be at least 1 (got {bars})")
-    grammar = REMIGrammar(tokenizer)
+    grammar = REMIGrammar(tokenizer, strict_order=False)
     model.eval()
     model.resample(seed)
     device = next(model.parameters()).device
@@ -176,6 +185,6 @@ def sample(model: Performer, tokenizer: REMITokenizer, *, num: int = 1, length: 
         interrupted = True
     wall = time.perf_counter() - t0
     complete = bars is not None and not interrupted
-    out = [finish_sequence(s, tokenizer, grammar, keep=len(prompt), last_bar_complete=complete and d)
-           for s, d in zip(seqs, done)]
+    out = [canonical(finish_sequence(s, tokenizer, grammar, keep=len(prompt), last_bar_complete=complete and d),
+                     tokenizer) for s, d in zip(seqs, done)]
     return SampleResult(out, n, wall, interrupted)
