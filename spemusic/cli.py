@@ -489,16 +489,12 @@ def models():
     if not found:
         err.print("no models installed")
         raise typer.Exit(1)
-    table = Table()
-    for col in ("name", "PE", "parameters", "trained length", "data", "path"):
-        table.add_column(col)
     for name, folder in found.items():
         meta = read_metadata(folder / "model.safetensors")
         m, info = meta["model_config"], meta["info"]
         pe = m["pe"] + (" gated" if m.get("gated") and m["pe"] in ("sinespe", "convspe") else "")
-        table.add_row(name, pe, f"{info.get('parameters', 0) / 1e6:.1f}M", str(info.get("seq_len", "?")),
-                      str(info.get("data_name", info.get("data", "?"))), str(folder))
-    out.print(table)
+        print(f"{name:<12} {pe:<15} {info.get('parameters', 0) / 1e6:.1f}M parameters   "
+              f"trained on {info.get('seq_len', '?')}-token windows   {info.get('data_name', info.get('data', '?'))}")
 
 
 @app.command("eval")
