@@ -55,7 +55,7 @@ def test_tiny_model_learns_real_music(run_cli, pop_cache, tmp_path):
     metrics = _train(run_cli, pop_cache, tmp_path / "run", "--steps", 300, "--val-every", 100, "--log-every", 10)
     first, last = metrics[0], metrics[-1]
     valid = [m["valid_loss"] for m in metrics if "valid_loss" in m]
-    # measured: ~5.9 at the start, ~2.2-2.5 after 300 steps; valid from ~3.0 to ~2.6
+    # measured: 5.89 for the first 10 steps, 2.51 after 300 steps (43%); valid 3.85, 2.58, 2.53
     assert last["train_loss"] < 0.6 * first["train_loss"], metrics
     assert len(valid) == 3 and valid[-1] < valid[0], valid
     assert set(first) >= {"step", "train_loss", "lr", "tokens_per_s", "tokens"}
