@@ -14,7 +14,7 @@ ENV PATH=/opt/spemusic/bin:$PATH \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 # torch from the CPU index, its dependencies (filelock, sympy, …) from PyPI
 RUN pip install --extra-index-url "$TORCH_INDEX_URL" "torch==${TORCH_VERSION}"
-COPY pyproject.toml README.md /src/
+COPY pyproject.toml README.md LICENSE /src/
 COPY spemusic /src/spemusic
 COPY checkpoints /src/checkpoints
 # torch is already there: the package's `torch>=2.3` adds nothing, so no CUDA build is pulled
