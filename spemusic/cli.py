@@ -318,7 +318,7 @@ def _sampling_progress(total: int | None, disable: bool) -> Progress:
 def _run_sampling(model, tok, *, num, length, bars, prompt, options, seed, quiet):
     from .sampling import sample
 
-    total = length if length is not None else None
+    total = length
     with _sampling_progress(total, quiet) as progress:
         task = progress.add_task("sampling", total=total, bars=0, tps="-")
         t0 = time.perf_counter()
@@ -349,17 +349,6 @@ def _report(paths_ids, result, seed, as_json, tok, midis):
                       f"({new_tokens} tokens at {tps:,.0f} tok/s)", highlight=False)
 
 
-def _check_length_bars(length, bars):
-    if length is None and bars is None:
-        raise SpemusicError("give --length N (tokens) or --bars B")
-    if length is not None and bars is not None:
-        raise SpemusicError("give --length or --bars, not both")
-    if length is not None and length < 1:
-        raise SpemusicError(f"--length must be at least 1 (got {length})")
-    if bars is not None and bars < 1:
-        raise SpemusicError(f"--bars must be at least 1 (got {bars})")
-
-
 @app.command()
 def generate(
     model: str = typer.Option("pop-piano", "--model", "-m", help="Shipped model name or checkpoint path."),
@@ -383,7 +372,9 @@ def generate(
 
     spemusic generate --bars 16 --num 4 --temperature 0.9 -o sketches/
     """
-    _check_length_bars(length, bars)
+    from .sampling import check_length_bars
+
+    check_length_bars(length, bars)
     _generate_or_continue(model, None, None, length, bars, num, temperature, top_p, top_k, seed, output, overwrite,
                           device, as_json, False)
 
@@ -415,7 +406,9 @@ def continue_(
 
     spemusic continue song.mid --prompt-bars 4 --length 2048 -o song_more.mid
     """
-    _check_length_bars(length, bars)
+    from .sampling import check_length_bars
+
+    check_length_bars(length, bars)
     output = output or Path(f"{prompt.with_suffix('').name}-continued.mid")
     _generate_or_continue(model, prompt, prompt_bars, length, bars, num, temperature, top_p, top_k, seed, output,
                           overwrite, device, as_json, only_continuation)

@@ -15,16 +15,6 @@ from .grammar import REMIGrammar
 from .tokenizer import REMITokenizer
 
 
-@dataclass
-class Piece:
-    path: Path
-    ids: np.ndarray
-    new_tokens: int
-    bars: int
-    notes: int
-    music_seconds: float
-
-
 def output_paths(out: Path, num: int, overwrite: bool) -> list[Path]:
     """OUT.mid for one piece; OUT-1.mid … OUT-K.mid for K (or piece-i.mid inside an existing folder).
     Refuses, before any sampling, outputs that exist (without --overwrite) or cannot be written."""

@@ -65,6 +65,10 @@ class REMIGrammar:
             num, den = tokenizer.vocab[i].split("_", 1)[1].split("/")
             self.bar_steps[i] = int(round(int(num) * 4 / int(den) * res))
         self.default_bar = 4 * res
+        # time signatures whose bars fit the Position grid (the others can never be sampled)
+        self.timesig_ok = np.zeros(self.V, dtype=bool)
+        for i, steps in self.bar_steps.items():
+            self.timesig_ok[i] = steps <= self.pos_hi - self.pos_lo
         self.kind_of = np.full(self.V, -1, dtype=np.int64)
         for kind, (lo, hi) in {TIMESIG: (self.ts_lo, self.ts_hi), POSITION: (self.pos_lo, self.pos_hi),
                                TEMPO: (self.tempo_lo, self.tempo_hi), PROGRAM: (self.prog_lo, self.prog_hi),
@@ -87,12 +91,10 @@ class REMIGrammar:
         elif last == BOS:
             m[tok.bar_id] = True
         elif last == BAR and st.bars == 1:
-            m[self.ts_lo:self.ts_hi] = True
-            self._forbid_long_bars(m)
+            m |= self.timesig_ok
         elif last in (BAR, TIMESIG, NOTE_END):
             if last == BAR:
-                m[self.ts_lo:self.ts_hi] = True
-                self._forbid_long_bars(m)
+                m |= self.timesig_ok
                 if st.timesig >= 0:
                     m[st.timesig] = False
             m[self.pos_lo + st.pos + 1: self.pos_lo + st.bar_len] = True
@@ -135,11 +137,6 @@ class REMIGrammar:
             else:
                 m[self.dur_lo:self.dur_hi] = True
         return m
-
-    def _forbid_long_bars(self, m: np.ndarray) -> None:
-        for i, steps in self.bar_steps.items():
-            if steps > self.pos_hi - self.pos_lo:
-                m[i] = False
 
     def advance(self, st: GrammarState, token: int) -> None:
         kind = int(self.kind_of[token]) if 0 <= token < self.V else -1

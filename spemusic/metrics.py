@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .grammar import REMIGrammar
 from .tokenizer import REMITokenizer
 
 
@@ -32,8 +33,7 @@ def note_grid(ids, tok: REMITokenizer) -> NoteGrid:
     pitch_lo, pitch_hi = tok.range("Pitch")
     dur_lo, dur_hi = tok.range("Duration")
     res = tok.config.beat_resolution
-    bar_steps = {i: int(round(int(n) * 4 / int(d) * res)) for i in range(ts_lo, ts_hi)
-                 for n, d in [tok.vocab[i].split("_", 1)[1].split("/")]}
+    bar_steps = REMIGrammar(tok).bar_steps
     rows, bar_lens = [], []
     bar, start, cur_len, pos, drum = -1, 0, 4 * res, 0, False
     for t in map(int, ids):

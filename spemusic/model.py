@@ -248,8 +248,6 @@ class Attention(nn.Module):
 
         x (B, d); mats (2H, 2D, R) = per head [[Q̄_t; ε], [K̄_t; ε]] (shared by layers)
         or None without SPE; S (B, H, M, D+1) fp32, updated in place."""
-        B, d = x.shape
-        H, D = self.cfg.n_heads, self.cfg.d_head
         qkv = self.qkv(x).float()
         with torch.autocast(device_type=x.device.type, enabled=False):
             o = self._favor_core(qkv, mats, S, plan)

@@ -33,6 +33,17 @@ class SamplingOptions:
             raise SpemusicError(f"--top-p must be in (0, 1] (got {self.top_p})")
 
 
+def check_length_bars(length: int | None, bars: int | None) -> None:
+    if length is None and bars is None:
+        raise SpemusicError("give --length N (tokens) or --bars B")
+    if length is not None and bars is not None:
+        raise SpemusicError("give --length or --bars, not both")
+    if length is not None and length < 1:
+        raise SpemusicError(f"--length must be at least 1 (got {length})")
+    if bars is not None and bars < 1:
+        raise SpemusicError(f"--bars must be at least 1 (got {bars})")
+
+
 def filter_logits(logits: torch.Tensor, opts: SamplingOptions) -> torch.Tensor:
     """Temperature, then top-k, then nucleus (top-p) on B×V logits (masked tokens are -inf).
     Top-p keeps the smallest set of most likely tokens whose mass reaches p; the most likely token
@@ -106,12 +117,7 @@ def sample(model: Performer, tokenizer: REMITokenizer, *, num: int = 1, length: 
     returns the valid part generated so far."""
     options = options or SamplingOptions()
     options.check()
-    if (length is None) == (bars is None):
-        raise SpemusicError("give either --length or --bars")
-    if length is not None and length < 1:
-        raise SpemusicError(f"--length must be at least 1 (got {length})")
-    if bars is not None and bars < 1:
-        raise SpemusicError(f"--bars must be at least 1 (got {bars})")
+    check_length_bars(length, bars)
     grammar = REMIGrammar(tokenizer, strict_order=False)
     model.eval()
     model.resample(seed)

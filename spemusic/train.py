@@ -3,6 +3,7 @@ checkpoints, exact resume, and DistributedDataParallel when started by torchrun.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -330,7 +331,7 @@ def train(cfg: TrainConfig, run_dir: Path, resume: bool = False, stop_after: int
                 batch = sampler.sample(rng, cfg.batch_size, augment=cfg.transpose > 0)
                 batch = torch.from_numpy(batch[rank * micro:(rank + 1) * micro]).to(device)
                 sync = micro_step == cfg.grad_accum - 1
-                ctx = train_model.no_sync() if (world > 1 and not sync) else _nullcontext()
+                ctx = train_model.no_sync() if (world > 1 and not sync) else contextlib.nullcontext()
                 with ctx, torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32):
                     loss, _ = lm_loss(train_model, batch, tokenizer.pad_id)
                     (loss / cfg.grad_accum).backward()
@@ -391,11 +392,3 @@ def train(cfg: TrainConfig, run_dir: Path, resume: bool = False, stop_after: int
     if world > 1:
         dist.destroy_process_group()
     return summary
-
-
-class _nullcontext:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
