@@ -255,6 +255,8 @@ def train(
     seed: Optional[int] = typer.Option(None, help="Random seed. [default: 0]"),
     max_len: Optional[int] = typer.Option(None, "--max-len", help="Longest sequence of an absolute PE (ape, "
                                           "sinusoidal, axial) at generation/eval; SPE has no limit. [default: max(seq-len, 2048)]"),
+    init_from: Optional[str] = typer.Option(None, "--init-from", help="Fine-tune: start from this model (a shipped "
+                                            "name or a checkpoint), with its size, PE and tokenizer."),
     resume: Optional[Path] = typer.Option(None, "--resume", help="Continue the run in this folder where it stopped."),
     stop_after: Optional[int] = typer.Option(None, "--stop-after", help="Stop after this many steps of this invocation "
                                              "(the schedule still follows --steps; resume later)."),
@@ -267,6 +269,8 @@ def train(
 
     spemusic train --resume runs/pop
 
+    spemusic train my_drums/ -o runs/mine --init-from groove --steps 500 --lr 3e-4
+
     torchrun --nproc_per_node 4 -m spemusic train my_midis/ -o runs/big --preset paper --steps 100000
     """
     from .train import TrainConfig, train as run_training
@@ -275,7 +279,8 @@ def train(
         preset=preset, pe=pe, gated=gated, attention=attention, seq_len=seq_len, batch_size=batch_size,
         grad_accum=grad_accum, steps=steps, epochs=epochs, lr=lr, warmup=warmup, weight_decay=weight_decay,
         feature_redraw=feature_redraw, val_every=val_every, save_every=save_every, log_every=log_every,
-        device=device, precision=precision, compile=compile, seed=seed, max_len=max_len).items() if v is not None}
+        device=device, precision=precision, compile=compile, seed=seed, max_len=max_len,
+        init_from=init_from).items() if v is not None}
     if resume is not None:
         run_training(TrainConfig(steps=given.get("steps", 0)), resume, resume=True, stop_after=stop_after, console=err)
         return
@@ -289,6 +294,10 @@ def train(
         raise SpemusicError("give DATA (a folder of MIDI files or a data cache), or --resume RUN_DIR")
     if output is None:
         raise SpemusicError("give -o RUN_DIR for checkpoints and metrics")
+    if options.get("init_from"):
+        clash = [f"--{k.replace('_', '-')}" for k in ("preset", "pe", "gated", "attention") if k in options]
+        if clash:
+            raise SpemusicError(f"--init-from takes the model from {options['init_from']}; drop {', '.join(clash)}")
     cfg = TrainConfig.from_dict(options)
     run_training(cfg, output, stop_after=stop_after, console=err)
 

@@ -53,6 +53,7 @@ class TrainConfig:
     seed: int = 0
     transpose: int = 6
     max_len: int = 0             # positions of an absolute PE (0: max(seq_len, 2048)); SPE has no limit
+    init_from: str = ""          # fine-tune: start from this model (shipped name or checkpoint), its config and tokenizer
 
     def check(self) -> None:
         if self.preset not in PRESETS:
@@ -194,7 +195,8 @@ def train(cfg: TrainConfig, run_dir: Path, resume: bool = False, stop_after: int
         run_file = run_dir / "run.json"
         if not (run_dir / "last").exists() or not run_file.is_file():
             raise SpemusicError(f"{run_dir}: nothing to resume (no last checkpoint or run.json)")
-        saved = TrainConfig.from_dict(json.loads(run_file.read_text())["train"])
+        saved_run = json.loads(run_file.read_text())
+        saved = TrainConfig.from_dict(saved_run["train"])
         # options given again on resume may only extend the run, not change the model or data
         saved.steps = max(saved.steps, cfg.steps) if cfg.steps else saved.steps
         cfg = saved
@@ -211,8 +213,16 @@ def train(cfg: TrainConfig, run_dir: Path, resume: bool = False, stop_after: int
             raise SpemusicError(f"--batch-size {cfg.batch_size} must be divisible by the {world} processes")
     dtype = pick_dtype(cfg.precision, device)
 
+    # fine-tuning takes the model config, weights and tokenizer of the starting model
+    base_model = None
+    if resume:  # the run's own record: also right for fine-tuning runs
+        tok_cfg = TokenizerConfig.from_dict(saved_run["tokenizer"])
+    elif cfg.init_from:
+        base_model, base_tokenizer = checkpoint.load_model(cfg.init_from)
+        tok_cfg = base_tokenizer.config
+    else:
+        tok_cfg = TokenizerConfig()
     # data: rank 0 prepares the cache if needed, the others then read it
-    tok_cfg = TokenizerConfig()
     if is_main:
         cache = open_dataset(Path(cfg.data), tok_cfg)
     _barrier(world)
@@ -230,9 +240,25 @@ def train(cfg: TrainConfig, run_dir: Path, resume: bool = False, stop_after: int
         cfg.steps = max(1, math.ceil(cfg.epochs * train_tokens / tokens_per_step))
 
     torch.manual_seed(cfg.seed)
-    model_cfg = ModelConfig.preset(cfg.preset, vocab_size=len(tokenizer), pe=cfg.pe, gated=cfg.gated,
-                                   attention=cfg.attention, max_len=cfg.max_len or max(cfg.seq_len, 2048))
-    model = Performer(model_cfg).to(device)
+    if resume:
+        model_cfg = ModelConfig.from_dict(saved_run["model"])
+        model = Performer(model_cfg).to(device)
+    elif base_model is not None:
+        model_cfg = base_model.cfg
+        if cfg.max_len:
+            model_cfg.max_len = cfg.max_len
+        if model_cfg.pe in ("ape", "sinusoidal", "axial") and cfg.seq_len > model_cfg.max_len:
+            raise SpemusicError(f"--seq-len {cfg.seq_len} is past {cfg.init_from}'s absolute positions "
+                                f"({model_cfg.max_len}); SPE models have no such limit")
+        model = Performer(model_cfg)
+        model.load_state_dict(base_model.state_dict())
+        model.to(device)
+        del base_model
+        cfg.pe, cfg.gated, cfg.attention = model_cfg.pe, model_cfg.gated, model_cfg.attention
+    else:
+        model_cfg = ModelConfig.preset(cfg.preset, vocab_size=len(tokenizer), pe=cfg.pe, gated=cfg.gated,
+                                       attention=cfg.attention, max_len=cfg.max_len or max(cfg.seq_len, 2048))
+        model = Performer(model_cfg).to(device)
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2 and "embed" not in n]
     no_decay = [p for n, p in model.named_parameters() if not (p.dim() >= 2 and "embed" not in n)]
     optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
@@ -282,7 +308,8 @@ def train(cfg: TrainConfig, run_dir: Path, resume: bool = False, stop_after: int
     logger = Logger(run_dir / "metrics.jsonl" if is_main else None)
     n_params = model.num_parameters()
     if is_main:
-        console.print(f"[bold]spemusic train[/]: {cfg.preset} ({n_params / 1e6:.2f}M parameters), pe={cfg.pe}"
+        start = f"fine-tuning {cfg.init_from}" if cfg.init_from else cfg.preset
+        console.print(f"[bold]spemusic train[/]: {start} ({n_params / 1e6:.2f}M parameters), pe={cfg.pe}"
                       f"{' gated' if cfg.gated and cfg.pe in ('sinespe', 'convspe') else ''}, attention={cfg.attention}, "
                       f"seq-len {cfg.seq_len}, {tokens_per_step} tokens/step, {cfg.steps} steps, "
                       f"{device.type} {str(dtype).replace('torch.', '')}, {world} process(es)")

@@ -168,3 +168,27 @@ def test_train_bad_options(run_cli, pop_cache, tmp_path):
     assert code == 1 and "--seq-len" in err
     code, _, err = run_cli("train", "--resume", tmp_path / "nothing")
     assert code == 1 and "nothing to resume" in err
+
+
+def test_fine_tune_starts_from_the_given_model(run_cli, pop_cache, tmp_path):
+    base = _train(run_cli, pop_cache, tmp_path / "base", "--steps", 60, "--val-every", 60, "--log-every", 10)
+    code, _, err = run_cli("train", pop_cache, "-o", tmp_path / "ft", "--init-from", tmp_path / "base" / "best",
+                           "--seq-len", 256, "--batch-size", 4, "--steps", 10, "--lr", 1e-4, "--warmup", 2,
+                           "--log-every", 1, "--val-every", 5, "--stop-after", 5, "--precision", "fp32")
+    assert code == 0, err
+    ft = [json.loads(line) for line in (tmp_path / "ft" / "metrics.jsonl").read_text().splitlines()]
+    # a fresh tiny model starts near ln(vocab) ≈ 5.9; the fine-tune starts where the base run ended
+    assert ft[0]["train_loss"] < base[0]["train_loss"] - 1.0, (base[0], ft[0])
+    assert abs(ft[0]["train_loss"] - base[-1]["train_loss"]) < 0.5, (base[-1], ft[0])
+    run = json.loads((tmp_path / "ft" / "run.json").read_text())
+    assert run["model"] == json.loads((tmp_path / "base" / "run.json").read_text())["model"]
+    assert run["train"]["seq_len"] == 256
+    code, _, err = run_cli("train", "--resume", tmp_path / "ft")  # resumes from its own record
+    assert code == 0, err
+    model, _ = load_model(tmp_path / "ft" / "last")
+    assert model.cfg.n_layers == 2
+    code, _, err = run_cli("train", pop_cache, "-o", tmp_path / "x", "--init-from", tmp_path / "base" / "best",
+                           "--pe", "ape", "--steps", 1)
+    assert code == 1 and "drop --pe" in err
+    code, _, err = run_cli("train", pop_cache, "-o", tmp_path / "x", "--init-from", tmp_path / "nowhere", "--steps", 1)
+    assert code == 1 and "nowhere" in err and not (tmp_path / "x").exists()
