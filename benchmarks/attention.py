@@ -1,7 +1,9 @@
 """Training-step throughput and peak memory, side by side (fresh process per point).
 
 Configurations (`small` preset sizes unless --layers/--d-model are given):
-spemusic favor+sinespe (chunked causal linear attention), performer-pytorch's
+spemusic favor+sinespe (chunked causal linear attention), the same with
+activation checkpointing (`--checkpoint-activations`: block activations
+recomputed in the backward pass), performer-pytorch's
 PerformerLM (causal; benchmark-only dependency, skipped with a note if not
 installed) and spemusic softmax (SDPA). Sequence lengths 512..8192 with the
 batch chosen to keep ~8k tokens per step. A step = forward + cross-entropy +
@@ -32,9 +34,10 @@ def model_flops_per_token(impl: str, T: int, L: int, d: int, dff: int, H: int, M
     if impl == "softmax":
         att = 2 * 2 * (T / 2) * d  # causal QK^T and AV, average context T/2
     else:
-        dk = R if impl == "spemusic-favor" else D
+        spe = impl.startswith("spemusic-favor")
+        dk = R if spe else D
         att = H * (2 * dk * M * 2 + 2 * C * (M + D + 1) + 2 * 2 * M * (D + 1))
-        if impl == "spemusic-favor":
+        if spe:
             att += 2 * 2 * H * D * 10 * R  # sineSPE filter, 5 sines
     return 3 * L * (dense + att)
 
@@ -63,6 +66,7 @@ def child(args):
                           d_ff=args.d_ff, attention=att, pe=pe, n_features=args.features, n_realizations=64,
                           max_len=max(T, 2048))
         model = Performer(cfg)
+        model.checkpoint_activations = args.impl == "spemusic-favor-ckpt"
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     ids = torch.randint(0, VOCAB, (B, T + 1))
@@ -110,7 +114,8 @@ def main():
     ap.add_argument("--d-ff", type=int, default=1024)
     ap.add_argument("--heads", type=int, default=8)
     ap.add_argument("--features", type=int, default=64)
-    ap.add_argument("--impls", nargs="+", default=["spemusic-favor", "performer-pytorch", "spemusic-softmax"])
+    ap.add_argument("--impls", nargs="+", default=["spemusic-favor", "spemusic-favor-ckpt", "performer-pytorch",
+                                                           "spemusic-softmax"])
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--len", type=int, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -146,22 +151,21 @@ def main():
             r["mfu"] = mfu
             print(f"  {impl:>18} @ {T:>5}: {r['tok_s']:8.0f} tok/s  peak {r['peak_mb']:7.0f} MB  MFU {mfu:5.1%}",
                   flush=True)
-    print()
-    hdr = f"{'len':>5} | {'favor tok/s':>11} {'MB':>6} {'MFU':>5} | {'perf-pt tok/s':>13} {'MB':>6} | " \
-          f"{'softmax tok/s':>13} {'MB':>6} {'MFU':>5} | {'fav/perf speed':>14} {'mem':>5} | {'fav/soft speed':>14}"
-    print(hdr)
+    print("\nratios in this run (favor = spemusic favor+sinespe, ckpt = the same with activation checkpointing, "
+          "perf = performer-pytorch, soft = spemusic softmax):")
+    pairs = [("favor/perf speed", "spemusic-favor", "performer-pytorch", "tok_s"),
+             ("favor/perf mem", "spemusic-favor", "performer-pytorch", "peak_mb"),
+             ("ckpt/perf speed", "spemusic-favor-ckpt", "performer-pytorch", "tok_s"),
+             ("ckpt/perf mem", "spemusic-favor-ckpt", "performer-pytorch", "peak_mb"),
+             ("favor/soft speed", "spemusic-favor", "spemusic-softmax", "tok_s"),
+             ("ckpt/soft speed", "spemusic-favor-ckpt", "spemusic-softmax", "tok_s")]
+    print(f"{'len':>5} " + " ".join(f"{name:>17}" for name, *_ in pairs))
     for T in args.lens:
-        f = res.get(("spemusic-favor", T))
-        p = res.get(("performer-pytorch", T))
-        s = res.get(("spemusic-softmax", T))
-
-        def cell(r, w=11):
-            return f"{r['tok_s']:>{w}.0f} {r['peak_mb']:>6.0f}" if r else f"{'-':>{w}} {'-':>6}"
-
-        ratio_p = f"{f['tok_s']/p['tok_s']:>13.2f}x {f['peak_mb']/p['peak_mb']:>4.2f}x" if f and p else f"{'-':>14} {'-':>5}"
-        ratio_s = f"{f['tok_s']/s['tok_s']:>13.2f}x" if f and s else f"{'-':>14}"
-        print(f"{T:>5} | {cell(f)} {f['mfu'] if f else 0:>5.0%} | {cell(p, 13)} | {cell(s, 13)} "
-              f"{s['mfu'] if s else 0:>5.0%} | {ratio_p} | {ratio_s}")
+        cells = []
+        for _, a, b, key in pairs:
+            ra, rb = res.get((a, T)), res.get((b, T))
+            cells.append(f"{ra[key] / rb[key]:>16.2f}x" if ra and rb else f"{'-':>17}")
+        print(f"{T:>5} " + " ".join(cells))
 
 
 if __name__ == "__main__":

@@ -252,6 +252,10 @@ def train(
     device: Optional[str] = typer.Option(None, help="auto, cpu or cuda. [default: auto]"),
     precision: Optional[Precision] = typer.Option(None, help="auto: bf16 on GPUs and on CPUs with AMX/AVX512-BF16, else fp32. [default: auto]"),
     compile: Optional[bool] = typer.Option(None, "--compile/--no-compile", help="torch.compile the model. [default: no]"),
+    checkpoint_activations: Optional[bool] = typer.Option(
+        None, "--checkpoint-activations/--no-checkpoint-activations",
+        help="Recompute each block's activations in the backward pass: much less memory for long "
+             "sequences, about a third more compute. [default: no]"),
     seed: Optional[int] = typer.Option(None, help="Random seed. [default: 0]"),
     max_len: Optional[int] = typer.Option(None, "--max-len", help="Longest sequence of an absolute PE (ape, "
                                           "sinusoidal, axial) at generation/eval; SPE has no limit. [default: max(seq-len, 2048)]"),
@@ -279,7 +283,8 @@ def train(
         preset=preset, pe=pe, gated=gated, attention=attention, seq_len=seq_len, batch_size=batch_size,
         grad_accum=grad_accum, steps=steps, epochs=epochs, lr=lr, warmup=warmup, weight_decay=weight_decay,
         feature_redraw=feature_redraw, val_every=val_every, save_every=save_every, log_every=log_every,
-        device=device, precision=precision, compile=compile, seed=seed, max_len=max_len,
+        device=device, precision=precision, compile=compile, checkpoint_activations=checkpoint_activations,
+        seed=seed, max_len=max_len,
         init_from=init_from).items() if v is not None}
     if resume is not None:
         run_training(TrainConfig(steps=given.get("steps", 0)), resume, resume=True, stop_after=stop_after, console=err)

@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass, field, fields
 
 import torch
 import torch.nn.functional as F
+import torch.utils.checkpoint
 from torch import nn
 
 from spemusic.attention import (
@@ -334,6 +335,9 @@ class Performer(nn.Module):
         # output head tied to the token embedding
         self._codes = None  # eval-mode SPE codes (one per SPE module)
         self._seed = None
+        # training only: recompute each block's activations in the backward pass instead of
+        # keeping them (less memory for long sequences, about one more forward of compute)
+        self.checkpoint_activations = False
 
     # ------------------------------------------------------------------ utilities
     @property
@@ -427,8 +431,12 @@ class Performer(nn.Module):
         ctxs = self._contexts(codes, 0, T)
         x = self._embed(ids, 0)
         states = []
+        recompute = self.checkpoint_activations and self.training and torch.is_grad_enabled()
         for blk, ctx in zip(self.blocks, ctxs):
-            x, st = blk(x, ctx, want_state)
+            if recompute:
+                x, st = torch.utils.checkpoint.checkpoint(blk, x, ctx, want_state, use_reentrant=False)
+            else:
+                x, st = blk(x, ctx, want_state)
             states.append(st)
         logits = self._head(x)
         if not want_state:

@@ -50,6 +50,7 @@ class TrainConfig:
     device: str = "auto"
     precision: str = "auto"
     compile: bool = False
+    checkpoint_activations: bool = False  # recompute block activations in backward: less memory, ~1/3 more compute
     seed: int = 0
     transpose: int = 6
     max_len: int = 0             # positions of an absolute PE (0: max(seq_len, 2048)); SPE has no limit
@@ -302,6 +303,7 @@ def train(cfg: TrainConfig, run_dir: Path, resume: bool = False, stop_after: int
     if world > 1:
         train_model = torch.nn.parallel.DistributedDataParallel(
             model, device_ids=[device.index] if device.type == "cuda" else None)
+    model.checkpoint_activations = cfg.checkpoint_activations
     if cfg.compile:
         train_model = torch.compile(train_model)
 
