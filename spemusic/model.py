@@ -52,7 +52,7 @@ _PRESETS = {
     "tiny": dict(n_layers=2, d_model=64, n_heads=4, d_ff=128, n_realizations=16, n_features=32,
                  n_sines=3, kernel_size=16, chunk_size=64),
     "small": dict(n_layers=6, d_model=256, n_heads=8, d_ff=1024, n_realizations=64, n_features=64,
-                  n_sines=5, kernel_size=64),
+                  n_sines=5, kernel_size=64, chunk_size=64),  # chunk 64: ~5% faster training than 128 on CPU
     "paper": dict(n_layers=24, d_model=512, n_heads=8, d_ff=2048, n_realizations=64, n_features=128,
                   n_sines=5, kernel_size=128),
 }

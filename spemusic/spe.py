@@ -120,16 +120,18 @@ class SineSPE(nn.Module):
     def features(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """λ-weighted trig features at integer positions (T,) -> two (T, H, D, 2K) fp32.
 
-        Phases are computed in float64 so that positions like 100,000 are exact
-        to fp32 precision whatever the call layout (block or one at a time).
+        Phases are computed in float64 and reduced modulo 2π before the fp32 cos/sin, so
+        that positions like 100,000 are exact to fp32 precision whatever the call layout
+        (block or one at a time).
         """
         f = self.frequencies().double()  # (H, D, K)
         pos = positions.to(device=f.device, dtype=torch.float64)[:, None, None, None]
         base = 2 * math.pi * f * pos  # (T, H, D, K) float64
-        phq = base + self.phases.double()
+        phq = torch.remainder(base + self.phases.double(), 2 * math.pi).float()
+        phk = torch.remainder(base, 2 * math.pi).float()
         lam = self.gains
-        fq = torch.stack((torch.cos(phq), torch.sin(phq)), -1).float() * lam[..., None]
-        fk = torch.stack((torch.cos(base), torch.sin(base)), -1).float() * lam[..., None]
+        fq = torch.stack((torch.cos(phq), torch.sin(phq)), -1) * lam[..., None]
+        fk = torch.stack((torch.cos(phk), torch.sin(phk)), -1) * lam[..., None]
         T = pos.shape[0]
         return fq.reshape(T, self.n_heads, self.d_head, -1), fk.reshape(T, self.n_heads, self.d_head, -1)
 
@@ -289,6 +291,26 @@ class SPEContext:
     eps: torch.Tensor
 
 
+SINE_TILE_ROWS = 1024  # (batch × positions) rows per tile of the sineSPE filter
+
+
+def _sine_filter(x: torch.Tensor, feats: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+    """x̂[b, t, h] = Σ_{d, j} x[b, t, h, d] feats[t, h, d, j] z[h, d, j]: x (B, T, H, D), feats
+    (T, H, D, J), z (H, D, J, R) -> (B, T, H, R).
+
+    The (B, T, H, D·J) product is formed a tile of positions at a time: in one piece it is
+    too large for the caches, and the tiled form measured 1.7x faster forward + backward
+    (small preset, 4 × 2,048 tokens, one thread: 174 vs 300 ms per call)."""
+    B, T, H, D = x.shape
+    J = feats.shape[-1]
+    zz = z.reshape(H, D * J, -1)
+    step = max(1, SINE_TILE_ROWS // B)
+    # split (not slicing): its backward is one concatenation, not a zero-filled copy per tile
+    parts = [torch.einsum("bthj,hjr->bthr", (xt[..., None] * ft).reshape(B, -1, H, D * J), zz)
+             for xt, ft in zip(x.split(step, 1), feats.split(step, 0))]
+    return parts[0] if len(parts) == 1 else torch.cat(parts, 1)
+
+
 class SPEFilter(nn.Module):
     """Per-layer SPE filter with optional gating.
 
@@ -314,13 +336,7 @@ class SPEFilter(nn.Module):
         else:
             qs, ks = q, k
         if ctx.kind == "sine":
-            B, T, H, D = q.shape
-            J = ctx.a_q.shape[-1]
-            aq = (qs[..., None] * ctx.a_q).reshape(B, T, H, D * J)
-            ak = (ks[..., None] * ctx.a_k).reshape(B, T, H, D * J)
-            z = ctx.z.reshape(H, D * J, -1)
-            qh = torch.einsum("bthj,hjr->bthr", aq, z)
-            kh = torch.einsum("bthj,hjr->bthr", ak, z)
+            qh, kh = _sine_filter(qs, ctx.a_q, ctx.z), _sine_filter(ks, ctx.a_k, ctx.z)
         else:
             qh = torch.einsum("bthd,thdr->bthr", qs, ctx.a_q)
             kh = torch.einsum("bthd,thdr->bthr", ks, ctx.a_k)
