@@ -210,6 +210,30 @@ def test_gating_limits():
         assert torch.allclose(kh, torch.einsum("bthd,thdr->bthr", k, kbar), atol=1e-5)
 
 
+def test_tiled_sine_filter_matches_the_materialised_code(monkeypatch):
+    import spemusic.spe as spe_module
+
+    torch.manual_seed(0)
+    H, D, K, R, T = 2, 4, 3, 16, 50
+    spe = SineSPE(H, D, K, R)
+    ctx = spe.context(spe.draw(torch.Generator().manual_seed(2)), torch.arange(0, T, dtype=torch.float64))
+    filt = SPEFilter(H, D, gated=True)
+    q = torch.randn(3, T, H, D, requires_grad=True)
+    k = torch.randn(3, T, H, D)
+    results = []
+    for rows in (10**6, 3 * 7):  # one tile; uneven tiles of 7 positions
+        monkeypatch.setattr(spe_module, "SINE_TILE_ROWS", rows)
+        qh, kh = filt(q, k, ctx)
+        (grad_q,) = torch.autograd.grad((qh * torch.arange(R)).sum() + kh.sum(), q)
+        results.append((qh.detach(), kh.detach(), grad_q))
+    qbar, kbar = filt.code(ctx)
+    for qh, kh, grad_q in results:
+        assert torch.allclose(qh, torch.einsum("bthd,thdr->bthr", q, qbar), atol=1e-5)
+        assert torch.allclose(kh, torch.einsum("bthd,thdr->bthr", k, kbar), atol=1e-5)
+        assert torch.allclose(grad_q, torch.einsum("thdr,r->thd", qbar, torch.arange(R).float()).expand_as(q),
+                              atol=1e-4)
+
+
 def test_sinespe_block_equals_per_position_far_away():
     torch.manual_seed(0)
     H, D, K, R = 2, 4, 5, 8
