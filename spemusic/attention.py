@@ -60,7 +60,9 @@ def favor_query(x: torch.Tensor, omega: torch.Tensor) -> torch.Tensor:
     """φ for queries, stabilised per position. x (..., dk) fp32, omega (M, dk)
     already multiplied by the dk^(-1/4) data scaling."""
     p = x @ omega.T
-    return torch.exp(p - p.amax(-1, keepdim=True))
+    # the per-position max cancels in the attention output, so no gradient flows through it:
+    # detaching it is exact and spares autograd a (.., M) tensor per layer
+    return torch.exp(p - p.amax(-1, keepdim=True).detach())
 
 
 def favor_key(x: torch.Tensor, omega: torch.Tensor, scale2: float) -> torch.Tensor:
