@@ -57,7 +57,7 @@ class TrainConfig:
     init_from: str = ""          # fine-tune: start from this model (shipped name or checkpoint), its config and tokenizer
 
     def check(self) -> None:
-        if self.preset not in PRESETS:
+        if self.preset not in PRESETS and not self.init_from:  # a fine-tune records its model's size
             raise SpemusicError(f"--preset must be one of {', '.join(PRESETS)} (got {self.preset!r})")
         if self.pe not in PES:
             raise SpemusicError(f"--pe must be one of {', '.join(PES)} (got {self.pe!r})")
@@ -256,6 +256,9 @@ def train(cfg: TrainConfig, run_dir: Path, resume: bool = False, stop_after: int
         model.to(device)
         del base_model
         cfg.pe, cfg.gated, cfg.attention = model_cfg.pe, model_cfg.gated, model_cfg.attention
+        cfg.preset = next((name for name in PRESETS if all(
+            getattr(model_cfg, k) == v for k, v in ModelConfig.preset(name, vocab_size=1).to_dict().items()
+            if k in ("n_layers", "d_model", "n_heads", "d_ff"))), "custom")
     else:
         model_cfg = ModelConfig.preset(cfg.preset, vocab_size=len(tokenizer), pe=cfg.pe, gated=cfg.gated,
                                        attention=cfg.attention, max_len=cfg.max_len or max(cfg.seq_len, 2048))

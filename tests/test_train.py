@@ -182,7 +182,7 @@ def test_fine_tune_starts_from_the_given_model(run_cli, pop_cache, tmp_path):
     assert abs(ft[0]["train_loss"] - base[-1]["train_loss"]) < 0.5, (base[-1], ft[0])
     run = json.loads((tmp_path / "ft" / "run.json").read_text())
     assert run["model"] == json.loads((tmp_path / "base" / "run.json").read_text())["model"]
-    assert run["train"]["seq_len"] == 256
+    assert run["train"]["seq_len"] == 256 and run["train"]["preset"] == "tiny"
     code, _, err = run_cli("train", "--resume", tmp_path / "ft")  # resumes from its own record
     assert code == 0, err
     model, _ = load_model(tmp_path / "ft" / "last")
