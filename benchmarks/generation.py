@@ -114,7 +114,6 @@ def main():
         for P in args.positions:
             st = fav.init_state(1)
             st.position = P
-            r0 = rss_mb()
             f_ms = time_steps(fav, st, args.steps)
             f_mem = st.nbytes() / 2**20
             st2 = soft.init_state(1)

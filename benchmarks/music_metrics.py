@@ -71,7 +71,6 @@ def main() -> None:
 
 
 def pop_piano(args, opts) -> dict:
-
     model, tok = load_model(args.pop_model)
     t0 = time.perf_counter()
     generated = []
@@ -114,10 +113,12 @@ def groove(args, opts) -> dict:
     lo, hi = np.percentile(boots, [5, 95])
     print(f"\ngroove ({args.groove_model}): {args.per_prompt} continuations of {args.bars} bars after each of "
           f"{len(sources)} 2-bar prompts (Groove valid), {time.perf_counter() - t0:.0f} s")
-    print("style similarity to the source, per quarter: " + "  ".join(f"Q{i + 1} {v:.3f}" for i, v in enumerate(q))
-          + f"  -> last/first {q[3] / q[0]:.2f} (90% bootstrap interval {lo:.2f}-{hi:.2f}; goal >= 0.8)")
-    print(f"real next bars ({len(real)} pieces long enough):  " + "  ".join(f"Q{i + 1} {v:.3f}" for i, v in enumerate(qr))
-          + f"  -> last/first {qr[3] / qr[0]:.2f}")
+    def quarters(v):
+        return "  ".join(f"Q{i + 1} {x:.3f}" for i, x in enumerate(v)) + f"  -> last/first {v[3] / v[0]:.2f}"
+
+    print(f"style similarity to the source, per quarter: {quarters(q)} "
+          f"(90% bootstrap interval {lo:.2f}-{hi:.2f}; goal >= 0.8)")
+    print(f"real next bars ({len(real)} pieces long enough):  {quarters(qr)}")
     return {"model": str(args.groove_model), "quarters": q.tolist(), "ratio": float(q[3] / q[0]),
             "ratio_90": [float(lo), float(hi)], "real_quarters": qr.tolist(), "per_prompt": sims.tolist()}
 

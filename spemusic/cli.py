@@ -300,7 +300,8 @@ def train(
     if output is None:
         raise SpemusicError("give -o RUN_DIR for checkpoints and metrics")
     if options.get("init_from"):
-        clash = [f"--{k.replace('_', '-')}" for k in ("preset", "pe", "gated", "attention") if k in options]
+        clash = [f"--{k.replace('_', '-')}" for k in ("preset", "pe", "gated", "attention", "max_len")
+                 if k in options]
         if clash:
             raise SpemusicError(f"--init-from takes the model from {options['init_from']}; drop {', '.join(clash)}")
     cfg = TrainConfig.from_dict(options)

@@ -245,24 +245,18 @@ def train(cfg: TrainConfig, run_dir: Path, resume: bool = False, stop_after: int
         model_cfg = ModelConfig.from_dict(saved_run["model"])
         model = Performer(model_cfg).to(device)
     elif base_model is not None:
-        model_cfg = base_model.cfg
-        if cfg.max_len:
-            model_cfg.max_len = cfg.max_len
+        model, model_cfg = base_model.to(device), base_model.cfg
         if model_cfg.pe in ("ape", "sinusoidal", "axial") and cfg.seq_len > model_cfg.max_len:
             raise SpemusicError(f"--seq-len {cfg.seq_len} is past {cfg.init_from}'s absolute positions "
                                 f"({model_cfg.max_len}); SPE models have no such limit")
-        model = Performer(model_cfg)
-        model.load_state_dict(base_model.state_dict())
-        model.to(device)
-        del base_model
-        cfg.pe, cfg.gated, cfg.attention = model_cfg.pe, model_cfg.gated, model_cfg.attention
-        cfg.preset = next((name for name in PRESETS if all(
-            getattr(model_cfg, k) == v for k, v in ModelConfig.preset(name, vocab_size=1).to_dict().items()
-            if k in ("n_layers", "d_model", "n_heads", "d_ff"))), "custom")
+        cfg.pe, cfg.gated, cfg.attention, cfg.max_len = model_cfg.pe, model_cfg.gated, model_cfg.attention, model_cfg.max_len
+        size = lambda c: (c.n_layers, c.d_model, c.n_heads, c.d_ff)  # noqa: E731
+        cfg.preset = next((n for n in PRESETS if size(ModelConfig.preset(n, vocab_size=1)) == size(model_cfg)), "custom")
     else:
         model_cfg = ModelConfig.preset(cfg.preset, vocab_size=len(tokenizer), pe=cfg.pe, gated=cfg.gated,
                                        attention=cfg.attention, max_len=cfg.max_len or max(cfg.seq_len, 2048))
         model = Performer(model_cfg).to(device)
+    model.checkpoint_activations = cfg.checkpoint_activations
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2 and "embed" not in n]
     no_decay = [p for n, p in model.named_parameters() if not (p.dim() >= 2 and "embed" not in n)]
     optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
@@ -306,7 +300,6 @@ def train(cfg: TrainConfig, run_dir: Path, resume: bool = False, stop_after: int
     if world > 1:
         train_model = torch.nn.parallel.DistributedDataParallel(
             model, device_ids=[device.index] if device.type == "cuda" else None)
-    model.checkpoint_activations = cfg.checkpoint_activations
     if cfg.compile:
         train_model = torch.compile(train_model)
 
