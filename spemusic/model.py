@@ -21,8 +21,7 @@ Design notes (see GUIDE §2-3):
 """
 from __future__ import annotations
 
-import math
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, fields
 
 import torch
 import torch.nn.functional as F
@@ -34,12 +33,12 @@ from spemusic.attention import (
     chunked_linear_attention,
     favor_key,
     favor_query,
-    linear_attention_step,
     orthogonal_features,
-    EPS,
 )
+from spemusic import recurrent
 from spemusic.errors import SpemusicError
 from spemusic.positional import AbsolutePE, build_absolute_pe
+from spemusic.recurrent import State
 from spemusic.spe import ConvSPE, SineSPE, SPEContext, SPEFilter, mix_seed
 
 __all__ = ["ModelConfig", "Performer", "State"]
@@ -126,41 +125,6 @@ class ModelConfig:
         return cls(**d)
 
 
-@dataclass
-class State:
-    """Recurrent generation state (batched). ``step`` updates it in place and
-    returns it; use ``clone()`` to branch.
-
-    position: index of the next token; layers: per layer, the FAVOR running
-    state S (B, H, M, Dv+1) fp32 (last column = normaliser z) or a KVCache;
-    pe: per SPE module, a ConvStream (convSPE ring buffer) or None.
-    """
-
-    position: int
-    batch_size: int
-    layers: list
-    pe: list = field(default_factory=list)
-    plan: list | None = field(default=None, repr=False)  # per-layer step constants (derived from weights)
-
-    def clone(self) -> "State":
-        return State(
-            position=self.position,
-            batch_size=self.batch_size,
-            layers=[l.clone() for l in self.layers],
-            pe=[p.clone() if p is not None else None for p in self.pe],
-            plan=self.plan,
-        )
-
-    def nbytes(self) -> int:
-        n = 0
-        for l in self.layers:
-            n += l.nbytes() if isinstance(l, KVCache) else l.numel() * l.element_size()
-        for p in self.pe:
-            if p is not None:
-                n += p.buf.numel() * p.buf.element_size()
-        return n
-
-
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -216,68 +180,6 @@ class Attention(nn.Module):
         y = self.drop(self.out(o.transpose(1, 2).reshape(B, T, d)))
         return y, st
 
-    def step(self, x: torch.Tensor, ctx: SPEContext | None, st):
-        """x (B, d) -> y (B, d); st updated in place."""
-        B, d = x.shape
-        q, k, v = self._qkv(x[:, None], ctx)  # (B, H, 1, *)
-        if self.favor:
-            om = self._scaled_omega()
-            qf = favor_query(q[:, :, 0].float(), om)
-            kf = favor_key(k[:, :, 0].float(), om, self.dk ** -0.5)
-            o = linear_attention_step(qf, kf, v[:, :, 0], st).to(v.dtype)
-        else:
-            kk, vv = st.append(k, v)
-            o = F.scaled_dot_product_attention(q, kk, vv)[:, :, 0]
-        return self.out(o.reshape(B, d))
-
-    def step_plan(self) -> dict:
-        """Per-layer constants of the fast recurrent step (derived from the weights)."""
-        plan = {"omT": (self._scaled_omega().T).contiguous()}
-        if self.filter is not None:
-            if self.filter.gated:
-                g = torch.sigmoid(self.filter.gate)
-                gg = torch.stack((torch.sqrt(1 - g), torch.sqrt(g)), 1)  # (H, 2, D)
-            else:
-                one = torch.ones(self.cfg.n_heads, self.cfg.d_head, device=self.omega.device)
-                gg = torch.stack((one, torch.zeros_like(one)), 1)
-            plan["gg"] = gg.contiguous()
-        plan["key_offset"] = math.log(math.sqrt(self.cfg.n_features))
-        return plan
-
-    def step_favor(self, x: torch.Tensor, mats: torch.Tensor | None, S: torch.Tensor, plan: dict) -> torch.Tensor:
-        """Fast FAVOR+ recurrent step (same function as ``step``, fewer kernel launches).
-
-        x (B, d); mats (2H, 2D, R) = per head [[Q̄_t; ε], [K̄_t; ε]] (shared by layers)
-        or None without SPE; S (B, H, M, D+1) fp32, updated in place."""
-        qkv = self.qkv(x).float()
-        with torch.autocast(device_type=x.device.type, enabled=False):
-            o = self._favor_core(qkv, mats, S, plan)
-        return self.out(o.to(x.dtype))
-
-    def _favor_core(self, qkv, mats, S, plan):
-        B = qkv.shape[0]
-        H, D = self.cfg.n_heads, self.cfg.d_head
-        d = H * D
-        if mats is not None:
-            # rows of A: [q ⊙ √(1-g), q ⊙ √g] per head, so A @ [Q̄_t; ε] is the gated filter
-            a = qkv[:, : 2 * d].view(B, 2, H, 1, D) * plan["gg"]  # (B, 2, H, 2, D)
-            a = a.permute(1, 2, 0, 3, 4).reshape(2 * H, B, 2 * D)
-            xh = torch.bmm(a, mats)  # (2H, B, R)
-        else:
-            xh = qkv[:, : 2 * d].view(B, 2 * H, D).transpose(0, 1)  # (2H, B, D)
-        p = torch.matmul(xh, plan["omT"])  # (2H, B, M)
-        pq, pk = p[:H], p[H:]
-        qf = torch.exp(pq - pq.amax(-1, keepdim=True))
-        sq = xh[H:].pow(2).sum(-1, keepdim=True).mul_(0.5 * self.dk ** -0.5).add_(plan["key_offset"])
-        kf = torch.exp(pk - sq)
-        M = kf.shape[-1]
-        v1 = torch.cat((qkv[:, 2 * d:].view(B, H, D), qkv.new_ones(B, H, 1)), -1).view(B * H, 1, D + 1)
-        s = S.view(B * H, M, D + 1)
-        s.baddbmm_(kf.transpose(0, 1).reshape(B * H, M, 1), v1)
-        out = torch.bmm(qf.transpose(0, 1).reshape(B * H, 1, M), s).view(B, H, D + 1)
-        o = out[..., :D] / (out[..., D:] + EPS)
-        return o.reshape(B, d)
-
     def empty_state(self, batch: int, device):
         if self.favor:
             return torch.zeros(batch, self.cfg.n_heads, self.cfg.n_features, self.cfg.d_head + 1,
@@ -302,10 +204,6 @@ class Block(nn.Module):
         a, st = self.attn(self.ln1(x), ctx, want_state)
         x = x + a
         return x + self.ffn(x), st
-
-    def step(self, x, ctx, st):
-        x = x + self.attn.step(self.ln1(x), ctx, st)
-        return x + self.ffn(x)
 
 
 class Performer(nn.Module):
@@ -338,6 +236,9 @@ class Performer(nn.Module):
         # training only: recompute each block's activations in the backward pass instead of
         # keeping them (less memory for long sequences, about one more forward of compute)
         self.checkpoint_activations = False
+        # generation: dtype of the linear layers' weights in the recurrent step (states made by
+        # init_state/prime keep it); float16 halves the bytes read per token (see recurrent.py)
+        self.step_weights_dtype = torch.float32
 
     # ------------------------------------------------------------------ utilities
     @property
@@ -441,11 +342,8 @@ class Performer(nn.Module):
         logits = self._head(x)
         if not want_state:
             return logits
-        pe_states = []
-        if self.spe is not None:
-            for m, c in zip(self.spe, codes):
-                pe_states.append(m.stream_init(c, T, self.device) if isinstance(m, ConvSPE) else None)
-        return logits, State(position=T, batch_size=B, layers=states, pe=pe_states, plan=self._step_plan())
+        return logits, State(position=T, batch_size=B, layers=states, pe=recurrent.new_stream_states(self, codes, T),
+                             plan=recurrent.build_plan(self, codes, self.step_weights_dtype))
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         """(B, T) token ids -> (B, T, V) next-token logits (chunked parallel path)."""
@@ -462,68 +360,14 @@ class Performer(nn.Module):
         """Empty state at position 0: generation from scratch is step() from here."""
         codes = self._get_codes()
         layers = [b.attn.empty_state(batch_size, self.device) for b in self.blocks]
-        pe_states = []
-        if self.spe is not None:
-            for m, c in zip(self.spe, codes):
-                pe_states.append(m.stream_init(c, 0, self.device) if isinstance(m, ConvSPE) else None)
-        return State(position=0, batch_size=batch_size, layers=layers, pe=pe_states, plan=self._step_plan())
-
-    def _step_plan(self):
-        if self.cfg.attention != "favor":
-            return None
-        return [b.attn.step_plan() for b in self.blocks]
-
-    def _step_mats(self, codes, state: State, t: int):
-        """Per SPE module, the (2H, 2D, R) matrices [[Q̄_t; ε], [K̄_t; ε]] at position t."""
-        H, D = self.cfg.n_heads, self.cfg.d_head
-        out = []
-        for m, c, ps in zip(self.spe, codes, state.pe):
-            if isinstance(m, SineSPE):
-                fq, fk = m.features(torch.tensor([t], dtype=torch.float64))  # (1, H, D, 2K)
-                f = torch.stack((fq[0], fk[0]), 2).view(H * D, 2, -1)
-                qk = torch.bmm(f, c.z.view(H * D, f.shape[-1], -1)).view(H, D, 2, -1)
-                qbar, kbar = qk[:, :, 0], qk[:, :, 1]
-            else:
-                qbar, kbar = m.stream_step(c, ps, t)
-                qbar, kbar = qbar[0], kbar[0]
-            out.append(torch.cat((torch.cat((qbar, c.eps), 1), torch.cat((kbar, c.eps), 1)), 0))
-        if len(out) == 1:
-            out = out * self.cfg.n_layers
-        return out
+        return State(position=0, batch_size=batch_size, layers=layers, pe=recurrent.new_stream_states(self, codes, 0),
+                     plan=recurrent.build_plan(self, codes, self.step_weights_dtype))
 
     @torch.no_grad()
     def step(self, state: State, next_ids: torch.Tensor):
         """Feed one token per sequence at ``state.position``: (B,) -> (logits (B, V), state).
         The state is updated in place (and returned)."""
         self._check_ids(next_ids, 1)
-        t = state.position
         if self.abs_pe is not None:
-            self.abs_pe.check(t, 1)
-        codes = self._get_codes()
-        if self.cfg.attention == "favor":
-            if state.plan is None:
-                state.plan = self._step_plan()
-            mats = self._step_mats(codes, state, t) if codes is not None else [None] * self.cfg.n_layers
-            x = self._embed(next_ids[:, None], t)[:, 0]
-            for blk, mt, S, plan in zip(self.blocks, mats, state.layers, state.plan):
-                x = x + blk.attn.step_favor(blk.ln1(x), mt, S, plan)
-                x = x + blk.ffn(x)
-            state.position = t + 1
-            return self._head(x), state
-        if codes is None:
-            ctxs = [None] * self.cfg.n_layers
-        else:
-            ctxs = []
-            for m, c, ps in zip(self.spe, codes, state.pe):
-                if isinstance(m, SineSPE):
-                    ctxs.append(m.context(c, torch.tensor([t], dtype=torch.float64)))
-                else:
-                    qbar, kbar = m.stream_step(c, ps, t)
-                    ctxs.append(SPEContext("conv", qbar, kbar, None, c.eps))
-            if len(ctxs) == 1:
-                ctxs = ctxs * self.cfg.n_layers
-        x = self._embed(next_ids[:, None], t)[:, 0]
-        for blk, ctx, st in zip(self.blocks, ctxs, state.layers):
-            x = blk.step(x, ctx, st)
-        state.position = t + 1
-        return self._head(x), state
+            self.abs_pe.check(state.position, 1)
+        return recurrent.step(self, state, next_ids)

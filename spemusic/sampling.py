@@ -109,8 +109,11 @@ def canonical(ids: np.ndarray, tokenizer: REMITokenizer) -> np.ndarray:
 @torch.inference_mode()
 def sample(model: Performer, tokenizer: REMITokenizer, *, num: int = 1, length: int | None = None,
            bars: int | None = None, prompt: np.ndarray | None = None, options: SamplingOptions | None = None,
-           seed: int = 0, on_token=None, should_stop=None) -> SampleResult:
+           seed: int = 0, on_token=None, should_stop=None, weights_dtype: torch.dtype = torch.float16) -> SampleResult:
     """Sample `num` pieces of `length` new tokens (or `bars` new bars) after an optional prompt.
+
+    `weights_dtype`: the recurrent step's linear weights (float16: half the bytes per token, NLL
+    within 1e-5 nats of float32 on the shipped models, see benchmarks/step_precision.py).
 
     `prompt` is a token sequence without EOS (it will be continued with a new bar). `on_token(n, bars)`
     is called after every sampling step; `should_stop()` returning True (or Ctrl-C) stops early and
@@ -139,6 +142,7 @@ def sample(model: Performer, tokenizer: REMITokenizer, *, num: int = 1, length: 
     bars_started = [0] * num
     done = [False] * num
     batch_prompt = torch.from_numpy(np.tile(prompt, (num, 1))).to(device)
+    model.step_weights_dtype = weights_dtype
     logits, state = model.prime(batch_prompt)
     logits = logits[:, -1]
     # continuing a prompt starts a new bar: the prompt stays as the user wrote it

@@ -84,6 +84,16 @@ def test_generate_is_deterministic(run_cli, tiny_checkpoint, tmp_path):
     assert record["seed"] == 8 and record["notes"] > 0 and record["tokens"] <= 300
 
 
+def test_generate_precision_option(run_cli, tiny_checkpoint, tmp_path):
+    args = ["generate", "--model", tiny_checkpoint, "--length", 100, "--seed", 3, "--json"]
+    for precision in ("fp16", "fp32"):
+        code, out, _ = run_cli(*args, "--precision", precision, "-o", tmp_path / f"{precision}.mid")
+        assert code == 0 and json.loads(out.strip().splitlines()[-1])["notes"] > 0
+    code, _, err = run_cli(*args, "--precision", "fp8", "-o", tmp_path / "bad.mid")
+    assert code == 2 and "fp8" in err
+    assert not (tmp_path / "bad.mid").exists()
+
+
 def test_generate_num_writes_numbered_files(run_cli, tiny_checkpoint, tmp_path):
     code, out, _ = run_cli("generate", "--model", tiny_checkpoint, "--bars", 2, "--num", 3, "-o", tmp_path / "x.mid", "--json")
     assert code == 0
