@@ -62,9 +62,9 @@ def child(args):
 
         att = "softmax" if args.impl == "spemusic-softmax" else "favor"
         pe = "sinespe" if att == "favor" else "none"
-        cfg = ModelConfig(vocab_size=VOCAB, n_layers=args.layers, d_model=args.d_model, n_heads=args.heads,
-                          d_ff=args.d_ff, attention=att, pe=pe, n_features=args.features, n_realizations=64,
-                          max_len=max(T, 2048))
+        cfg = ModelConfig.preset("small", vocab_size=VOCAB, n_layers=args.layers, d_model=args.d_model,
+                                 n_heads=args.heads, d_ff=args.d_ff, attention=att, pe=pe, n_features=args.features,
+                                 n_realizations=64, max_len=max(T, 2048))
         model = Performer(cfg)
         model.checkpoint_activations = args.impl == "spemusic-favor-ckpt"
     model.train()
@@ -72,8 +72,9 @@ def child(args):
     ids = torch.randint(0, VOCAB, (B, T + 1))
 
     def step():
-        logits = model(ids[:, :-1])
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, VOCAB), ids[:, 1:].reshape(-1))
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.precision == "bf16"):
+            logits = model(ids[:, :-1])
+            loss = torch.nn.functional.cross_entropy(logits.float().reshape(-1, VOCAB), ids[:, 1:].reshape(-1))
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -114,6 +115,8 @@ def main():
     ap.add_argument("--d-ff", type=int, default=1024)
     ap.add_argument("--heads", type=int, default=8)
     ap.add_argument("--features", type=int, default=64)
+    ap.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
+                    help="bf16: forward and loss under CPU bf16 autocast, for every configuration")
     ap.add_argument("--impls", nargs="+", default=["spemusic-favor", "spemusic-favor-ckpt", "performer-pytorch",
                                                            "spemusic-softmax"])
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
@@ -138,7 +141,7 @@ def main():
         for impl in impls:
             cmd = [sys.executable, __file__, "--child", impl, "--len", str(T), "--steps", str(args.steps),
                    "--threads", str(args.threads), "--layers", str(args.layers), "--d-model", str(args.d_model),
-                   "--d-ff", str(args.d_ff), "--heads", str(args.heads), "--features", str(args.features)]
+                   "--d-ff", str(args.d_ff), "--heads", str(args.heads), "--features", str(args.features), "--precision", args.precision]
             p = subprocess.run(cmd, capture_output=True, text=True)
             line = [l for l in p.stdout.splitlines() if l.startswith("{")]
             if p.returncode or not line:
@@ -147,7 +150,7 @@ def main():
             res[(impl, T)] = json.loads(line[-1])
             r = res[(impl, T)]
             mfu = model_flops_per_token(impl, T, args.layers, args.d_model, args.d_ff, args.heads, args.features,
-                                        64) * r["tok_s"] / (peak * 1e9)
+                                        64, 64) * r["tok_s"] / (peak * 1e9)
             r["mfu"] = mfu
             print(f"  {impl:>18} @ {T:>5}: {r['tok_s']:8.0f} tok/s  peak {r['peak_mb']:7.0f} MB  MFU {mfu:5.1%}",
                   flush=True)

@@ -55,21 +55,24 @@ def step_flops(cfg: ModelConfig) -> float:
     return cfg.n_layers * per_layer + shared + 2 * d * cfg.vocab_size
 
 
-def matvec_rate(model, repeat: int = 1) -> float:
-    """GFLOP/s of the model's Linear layers (+ head) applied to one vector, in order.
+def matvec_rate(model, repeat: int = 1, dtype=torch.float32) -> float:
+    """GFLOP/s of the model's Linear layers (+ head) applied to one vector, in order, with weights
+    in `dtype` (the head stays fp32, as in the step).
 
-    repeat=1: each weight once per pass, as in a step (the 19 MB of fp32 weights stream from
-    L3/memory); repeat=20: each weight 20 times in a row (cache-hot: the kernel's own rate)."""
-    lins = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
-    xs = {m.in_features: torch.randn(1, m.in_features) for m in lins}
+    repeat=1: each weight once per pass, as in a step (the weights stream from L3/memory);
+    repeat=20: each weight 20 times in a row (cache-hot: the kernel's own rate)."""
+    lins = [(m.weight.detach().to(dtype), m.bias.detach().to(dtype)) for m in model.modules()
+            if isinstance(m, torch.nn.Linear)]
+    xs = {w.shape[1]: torch.randn(1, w.shape[1], dtype=dtype) for w, _ in lins}
     head = model.tok.weight
+    xh = torch.randn(1, head.shape[1])
 
     def run():
-        for m in lins:
+        for w, b in lins:
             for _ in range(repeat):
-                F.linear(xs[m.in_features], m.weight, m.bias)
+                F.linear(xs[w.shape[1]], w, b)
         for _ in range(repeat):
-            F.linear(xs[head.shape[1]], head)
+            F.linear(xh, head)
 
     for _ in range(20):
         run()
@@ -78,7 +81,7 @@ def matvec_rate(model, repeat: int = 1) -> float:
     for _ in range(n):
         run()
     dt = (time.perf_counter() - t0) / n
-    flops = 2 * repeat * (sum(m.weight.numel() for m in lins) + head.numel())
+    flops = 2 * repeat * (sum(w.numel() for w, _ in lins) + head.numel())
     return flops / dt / 1e9
 
 
@@ -100,37 +103,48 @@ def main():
     print(f"small preset: favor+sinespe {fav.num_parameters()/1e6:.2f}M params, softmax {soft.num_parameters()/1e6:.2f}M; "
           f"threads={args.threads}, batch 1, {args.steps} steps per point")
 
+    dtypes = {"fp32": torch.float32, "fp16": torch.float16}
     with torch.inference_mode():
-        hot = matvec_rate(fav, repeat=20)
-        hot_ms = step_flops(cfg) / (hot * 1e9) * 1e3
-        print(f"measured cache-hot matvec rate {hot:.1f} GFLOP/s (each weight 20 times in a row) -> step bound "
-              f"{hot_ms:.3f} ms/token")
-        rate = matvec_rate(fav)
-        bound_ms = step_flops(cfg) / (rate * 1e9) * 1e3
-        print(f"measured matvec rate as in a step {rate:.1f} GFLOP/s (each weight once, streamed) -> step bound {bound_ms:.3f} ms/token "
-              f"({step_flops(cfg)/1e6:.1f} MFLOP/token)\n")
+        bound = {}
+        for name, dt in dtypes.items():
+            hot = matvec_rate(fav, repeat=20, dtype=dt)
+            rate = matvec_rate(fav, dtype=dt)
+            bound[name] = step_flops(cfg) / (rate * 1e9) * 1e3
+            print(f"{name} weights: matvec rate cache-hot {hot:.1f} GFLOP/s (step bound {step_flops(cfg) / (hot * 1e9) * 1e3:.3f} "
+                  f"ms/token), as in a step (each weight once, streamed) {rate:.1f} GFLOP/s (step bound "
+                  f"{bound[name]:.3f} ms/token); {step_flops(cfg)/1e6:.1f} MFLOP/token")
+        print()
 
         rows = []
         for P in args.positions:
-            st = fav.init_state(1)
-            st.position = P
-            f_ms = time_steps(fav, st, args.steps)
-            f_mem = st.nbytes() / 2**20
-            st2 = soft.init_state(1)
-            for kv in st2.layers:
-                kv.append(torch.randn(1, scfg.n_heads, P, scfg.d_head), torch.randn(1, scfg.n_heads, P, scfg.d_head))
-            st2.position = P
-            s_ms = time_steps(soft, st2, args.steps)
-            s_mem = st2.nbytes() / 2**20
-            rows.append((P, f_ms, s_ms, f_mem, s_mem))
-            del st2
-        print(f"{'position':>9} {'favor ms':>9} {'softmax ms':>11} {'softmax/favor':>14} {'favor state MB':>15} "
-              f"{'KV cache MB':>12} {'bound/favor':>12} {'hot bound/favor':>16}")
-        for P, f_ms, s_ms, f_mem, s_mem in rows:
-            print(f"{P:>9} {f_ms:>9.3f} {s_ms:>11.3f} {s_ms/f_ms:>13.1f}x {f_mem:>15.2f} {s_mem:>12.1f} "
-                  f"{bound_ms/f_ms:>11.0%} {hot_ms/f_ms:>15.0%}")
-        f0 = rows[0][1]
-        print(f"favor ms/token at {rows[-1][0]} vs {rows[0][0]}: {rows[-1][1]/f0:.2f}x; peak RSS {rss_mb():.0f} MB\n")
+            row = {"P": P}
+            for name, dt in dtypes.items():
+                fav.step_weights_dtype = soft.step_weights_dtype = dt
+                st = fav.init_state(1)
+                st.position = P
+                row[f"favor {name}"] = time_steps(fav, st, args.steps)
+                row["state MB"] = st.nbytes() / 2**20
+                st2 = soft.init_state(1)
+                for kv in st2.layers:
+                    kv.append(torch.randn(1, scfg.n_heads, P, scfg.d_head), torch.randn(1, scfg.n_heads, P, scfg.d_head))
+                st2.position = P
+                row[f"softmax {name}"] = time_steps(soft, st2, args.steps)
+                row["KV MB"] = st2.nbytes() / 2**20
+                del st2
+            rows.append(row)
+        print("ms per token (batch 1); ratio = softmax / favor at the same weights precision; bound = the step's "
+              "linears at the streamed matvec rate")
+        print(f"{'position':>9} {'favor fp32':>11} {'favor fp16':>11} {'softmax fp32':>13} {'softmax fp16':>13} "
+              f"{'ratio fp32':>11} {'ratio fp16':>11} {'bound/fp32':>11} {'bound/fp16':>11} {'state MB':>9} {'KV MB':>8}")
+        for r in rows:
+            print(f"{r['P']:>9} {r['favor fp32']:>11.3f} {r['favor fp16']:>11.3f} {r['softmax fp32']:>13.3f} "
+                  f"{r['softmax fp16']:>13.3f} {r['softmax fp32'] / r['favor fp32']:>10.1f}x "
+                  f"{r['softmax fp16'] / r['favor fp16']:>10.1f}x {bound['fp32'] / r['favor fp32']:>10.0%} "
+                  f"{bound['fp16'] / r['favor fp16']:>10.0%} {r['state MB']:>9.2f} {r['KV MB']:>8.1f}")
+        for name in dtypes:
+            k = f"favor {name}"
+            print(f"{k} ms/token at {rows[-1]['P']} vs {rows[0]['P']}: {rows[-1][k] / rows[0][k]:.2f}x")
+        print(f"peak RSS {rss_mb():.0f} MB\n")
 
         try:
             from performer_pytorch import PerformerLM
@@ -142,7 +156,8 @@ def main():
             ref = PerformerLM(num_tokens=VOCAB, max_seq_len=max(args.rerun), dim=cfg.d_model, depth=cfg.n_layers,
                               heads=cfg.n_heads, dim_head=cfg.d_head, causal=True, nb_features=cfg.n_features,
                               ff_mult=cfg.d_ff // cfg.d_model).eval()
-        print(f"{'prefix':>7} {'rerun spemusic ms':>18} {'rerun perf-pytorch ms':>22} {'favor step ms':>14} "
+        fav.step_weights_dtype = torch.float32  # the conservative figure
+        print(f"{'prefix':>7} {'rerun spemusic ms':>18} {'rerun perf-pytorch ms':>22} {'favor fp32 step ms':>19} "
               f"{'speedup vs rerun':>17}")
         for P in args.rerun:
             ids = torch.randint(0, VOCAB, (1, P))
@@ -163,7 +178,7 @@ def main():
             st.position = P
             f_ms = time_steps(fav, st, args.steps)
             best_rerun = p_ms if p_ms == p_ms else r_ms
-            print(f"{P:>7} {r_ms:>18.1f} {p_ms:>22.1f} {f_ms:>14.3f} {best_rerun/f_ms:>16.0f}x")
+            print(f"{P:>7} {r_ms:>18.1f} {p_ms:>22.1f} {f_ms:>19.3f} {best_rerun/f_ms:>16.0f}x")
 
 
 if __name__ == "__main__":

@@ -117,45 +117,48 @@ class SineSPE(nn.Module):
         ph = 2 * math.pi * f * tau.double()[..., None, None, None] + self.phases.double()
         return (self.gains.double() ** 2 * torch.cos(ph)).sum(-1).float()
 
-    def _phase_tables(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """float64 angular frequencies 2πf (H, D, 1, K, 1) and phase offsets (H, D, 2, K, 2) such
-        that sin(2πf·m + offset) is [cos, sin] of the query phase 2πf·m + θ (row 0) and of the
-        key phase 2πf·m (row 1): one sin call gives all four (cos x = sin(x + π/2))."""
-        f2pi = (2 * math.pi * self.frequencies().double())[:, :, None, :, None]
-        th = self.phases.double()
-        quarter = torch.full_like(th, math.pi / 2)
-        offs = torch.stack((torch.stack((th + quarter, th), -1),
-                            torch.stack((quarter, torch.zeros_like(th)), -1)), 2)
-        return f2pi, offs
-
     @staticmethod
-    def _sin(ph: torch.Tensor) -> torch.Tensor:
-        # float64 phases reduced modulo 2π before the fp32 sin, so that positions like 100,000
-        # are exact to fp32 precision whatever the call layout (block or one at a time)
-        return torch.sin(torch.sub(ph, torch.floor(ph * (0.5 / math.pi)), alpha=2 * math.pi).float())
+    def _reduce(ph: torch.Tensor) -> torch.Tensor:
+        """float64 phases modulo 2π, as fp32: positions like 100,000 stay exact to fp32 precision
+        whatever the call layout (block or one at a time)."""
+        return torch.remainder(ph, 2 * math.pi).float()
+
+    def _phases(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """float64 angular frequencies 2πf (H, D, 1, K) and phase offsets (H, D, 2, K): θ for the
+        queries (row 0), 0 for the keys (row 1)."""
+        th = self.phases.double()
+        return (2 * math.pi * self.frequencies().double())[:, :, None], torch.stack((th, torch.zeros_like(th)), 2)
 
     def features(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """λ-weighted trig features at integer positions (T,) -> two (T, H, D, 2K) fp32
         (queries, keys; last axis [cos, sin] per sine)."""
-        f2pi, offs = self._phase_tables()
-        pos = positions.to(device=f2pi.device, dtype=torch.float64).view(-1, 1, 1, 1, 1, 1)
-        f = (self._sin(offs + pos * f2pi) * self.gains[:, :, None, :, None]).flatten(-2)  # (T, H, D, 2, 2K)
-        return f[:, :, :, 0], f[:, :, :, 1]
+        f2pi, offs = self._phases()
+        pos = positions.to(device=f2pi.device, dtype=torch.float64)[:, None, None, None]
+        base = pos * f2pi[:, :, 0]  # (T, H, D, K)
+        lam = self.gains[..., None]
+        out = []
+        for ph in (self._reduce(base + offs[:, :, 0]), self._reduce(base)):  # queries (phase θ), keys
+            # contiguous (T, H, D, 2K) each: the filter's products are faster on them
+            out.append((torch.stack((torch.cos(ph), torch.sin(ph)), -1) * lam).flatten(-2))
+        return out[0], out[1]
 
     def step_tables(self, code: SineCode) -> "SineStepTables":
-        """Constants for the code at one position at a time (generation): the gains are folded
-        into Z, and every table has the full (H, D, 2, K, 2) shape (broadcasting small tensors
-        is slower than the arithmetic)."""
-        f2pi, offs = self._phase_tables()
+        """Constants for the code at one position at a time (generation): cos x = sin(x + π/2) so
+        that one sin call gives every feature, the gains folded into Z, and every table in the
+        full (H, D, 2, K, 2) shape (broadcasting small tensors costs more than the arithmetic)."""
+        f2pi, offs = self._phases()
+        quarter = torch.tensor([math.pi / 2, 0.0], dtype=torch.float64, device=offs.device)
+        offs = (offs[..., None] + quarter).detach()  # (H, D, 2, K, 2): [cos, sin] per sine
         H, D, K = self.n_heads, self.d_head, self.n_sines
         z = code.z.view(H, D, K, 2, self.R) * self.gains.detach()[..., None, None]
-        return SineStepTables(f2pi.detach().expand_as(offs).contiguous(), offs.detach(), z.view(H * D, 2 * K, self.R))
+        return SineStepTables(f2pi[..., None].detach().expand_as(offs).contiguous(), offs,
+                              z.view(H * D, 2 * K, self.R))
 
     @staticmethod
     def code_at(tables: "SineStepTables", t: int) -> torch.Tensor:
         """Codes [Q̄_t; K̄_t] at position t alone: (2, H, D, R) (a permuted view)."""
         H, D, _, K, _ = tables.offs.shape
-        f = SineSPE._sin(torch.add(tables.offs, tables.f2pi, alpha=t))  # (H, D, 2, K, 2)
+        f = torch.sin(SineSPE._reduce(torch.add(tables.offs, tables.f2pi, alpha=t)))  # (H, D, 2, K, 2)
         qk = torch.bmm(f.view(H * D, 2, 2 * K), tables.z)  # (H·D, 2, R)
         return qk.view(H, D, 2, -1).permute(2, 0, 1, 3)
 
