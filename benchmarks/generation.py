@@ -9,10 +9,12 @@
   code did): spemusic favor forward over P tokens, and performer-pytorch's
   PerformerLM when installed, at 256, 1k, 4k.
 
-Also prints the ms/token bound at this CPU's measured matrix-vector FLOP rate (cache-hot,
-and as in a step where every weight is used once)
-(the model's own Linear layers run at batch 1, weights streamed as in a step)
-and the fraction of it achieved.
+Each favor and softmax point is measured twice: with the step's linear weights in fp32 (exact)
+and in fp16 (what `spemusic generate` uses by default; see benchmarks/step_precision.py for
+what it changes: nothing measurable in NLL), and the ratio softmax / favor is taken at the same
+precision. Also prints, per precision, the ms/token bound at this CPU's measured
+matrix-vector rate (the model's own Linear layers at batch 1: cache-hot, each weight 20
+times in a row; and streamed, each weight once as in a step) and the fraction achieved.
 
     python benchmarks/generation.py [--threads N] [--steps 200]
 """
