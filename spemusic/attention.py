@@ -69,8 +69,10 @@ def favor_key(x: torch.Tensor, omega: torch.Tensor, scale2: float) -> torch.Tens
     """φ for keys, unstabilised (bounded above, see module doc). scale2 = dk^(-1/2)
     (the square of the data scaling folded in omega)."""
     p = x @ omega.T
-    sq = (x * x).sum(-1, keepdim=True) * (0.5 * scale2)
-    return torch.exp(p - sq) * (1.0 / math.sqrt(omega.shape[0]))
+    # the 1/√M factor goes inside the exponent: exp's output is then φ(k) itself, the one
+    # (.., M) tensor autograd keeps (a scaled copy would keep a second one)
+    sq = (x * x).sum(-1, keepdim=True) * (0.5 * scale2) + math.log(math.sqrt(omega.shape[0]))
+    return torch.exp(p - sq)
 
 
 def _ones_col(v: torch.Tensor) -> torch.Tensor:

@@ -165,7 +165,13 @@ class Attention(nn.Module):
                 om = self._scaled_omega()
                 qf = favor_query(q.float(), om)
                 kf = favor_key(k.float(), om, self.dk ** -0.5)
-                res = chunked_linear_attention(qf, kf, v, self.cfg.chunk_size, return_state=want_state)
+                if self.training and torch.is_grad_enabled() and not want_state:
+                    # keep only φ(q̂), φ(k̂), v for the backward pass (autograd holds them anyway):
+                    # the C×C chunk products and chunk states are recomputed, ~4% of a step
+                    res = torch.utils.checkpoint.checkpoint(chunked_linear_attention, qf, kf, v, self.cfg.chunk_size,
+                                                            use_reentrant=False)
+                else:
+                    res = chunked_linear_attention(qf, kf, v, self.cfg.chunk_size, return_state=want_state)
             if want_state:
                 o, st = res
             else:
@@ -187,6 +193,26 @@ class Attention(nn.Module):
         return KVCache(batch, self.cfg.n_heads, self.dk, self.cfg.d_head, device)
 
 
+class GeluLinear(torch.autograd.Function):
+    """linear(gelu(u), weight, bias) keeping only u for the backward pass: gelu(u) is recomputed
+    there (elementwise, ~2% of a step) instead of being held, d_ff wide, for every layer."""
+
+    @staticmethod
+    def forward(ctx, u, weight, bias):
+        ctx.save_for_backward(u, weight)
+        return F.linear(F.gelu(u), weight, bias)  # under autocast: in its dtype, like nn.Linear
+
+    @staticmethod
+    def backward(ctx, grad):
+        u, weight = ctx.saved_tensors
+        dt = grad.dtype
+        a = F.gelu(u).to(dt).reshape(-1, u.shape[-1])
+        g = grad.reshape(-1, grad.shape[-1])
+        grad_u = torch.ops.aten.gelu_backward((grad @ weight.to(dt)).to(u.dtype), u)
+        # autograd casts the weight and bias gradients to the parameters' dtype
+        return grad_u, g.T @ a, g.sum(0)
+
+
 class Block(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -198,7 +224,12 @@ class Block(nn.Module):
         self.drop = nn.Dropout(cfg.dropout)
 
     def ffn(self, x):
-        return self.drop(self.ff2(F.gelu(self.ff1(self.ln2(x)))))
+        u = self.ff1(self.ln2(x))
+        if self.training and torch.is_grad_enabled():
+            y = GeluLinear.apply(u, self.ff2.weight, self.ff2.bias)
+        else:
+            y = self.ff2(F.gelu(u))
+        return self.drop(y)
 
     def forward(self, x, ctx, want_state=False):
         a, st = self.attn(self.ln1(x), ctx, want_state)

@@ -394,6 +394,30 @@ def test_share_pe_false_and_batched_generation():
     assert torch.equal(a, b)
 
 
+def test_training_memory_savers_give_the_same_gradients():
+    """Training mode keeps fewer activations (FFN: gelu recomputed; attention: chunk products
+    recomputed); eval mode runs the plain autograd path: same gradients, fp32 and bf16."""
+    torch.manual_seed(0)
+    model = Performer(ModelConfig.preset("tiny", vocab_size=50, pe="sinespe", gated=True))
+    model.resample(0)
+    codes = model._codes
+    model._get_codes = lambda: codes  # the same SPE draw in both modes
+    ids = torch.randint(0, 50, (2, 150))
+    for dtype in (torch.float32, torch.bfloat16):
+        grads = []
+        for training in (True, False):
+            model.train(training)
+            model.zero_grad()
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
+                logits = model(ids[:, :-1])
+            loss = torch.nn.functional.cross_entropy(logits.float().reshape(-1, 50), ids[:, 1:].reshape(-1))
+            loss.backward()
+            grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
+        tol = dict(rtol=1e-5, atol=1e-6) if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-3)
+        for n in grads[0]:
+            torch.testing.assert_close(grads[0][n], grads[1][n], **tol, msg=f"{n} {dtype}")
+
+
 @pytest.mark.parametrize("pe", ["sinespe", "convspe"])
 def test_activation_checkpointing_gives_the_same_gradients(pe):
     torch.manual_seed(0)
