@@ -14,7 +14,10 @@ product, φ(q̂), φ(k̂) from one more and one exp.
 ``weights_dtype=torch.float16`` keeps a half-precision copy of the linear layers' weights
 for the step (activations, SPE, attention and its state stay fp32; products accumulate in
 fp32): half the bytes read per token, which on a CPU is most of a batch-1 step. Logits then
-differ from the fp32 step by about 1e-3 (measured in tests/test_model.py).
+differ from the fp32 step by ~4e-4 of their range (tests/test_model.py); the shipped models'
+NLL on real pieces is unchanged to 1e-5 nats (benchmarks/step_precision.py).
+
+The step is for inference: dropout is not applied.
 """
 from __future__ import annotations
 
@@ -47,7 +50,8 @@ class StepPlan:
     layers: list  # LayerPlan per layer
     sine: list | None  # per SPE module: SineStepTables, or None for convSPE
     gate: torch.Tensor | None  # (L, 2H, 1, 2, D): [√(1-g), √g] per layer and q/k head (gated SPE)
-    code_buf: torch.Tensor | None  # (n SPE modules, 2, H, 2 or 1, D, R): [Q̄_t, ε] / [K̄_t, ε]
+    # scratch rewritten by every step: (n SPE modules, 2, H, 2 or 1, D, R) = [Q̄_t, ε] / [K̄_t, ε]
+    code_buf: torch.Tensor | None
     key_scale: float  # φ(k) = exp(ω·k̂ - key_scale ‖k̂‖² - key_offset) (see attention.favor_key)
     key_offset: torch.Tensor  # (1, 1, 1)
 
