@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import signal
+import threading
 import sys
 import time
 from enum import Enum
@@ -352,9 +353,22 @@ def _run_sampling(model, tok, *, num, length, bars, prompt, options, seed, weigh
                 progress.update(task, completed=n, bars=bars_done,
                                 tps=f"{n * num / max(time.perf_counter() - t0, 1e-9):,.0f}")
 
-        # Ctrl-C stops sampling; what is valid so far is written
-        return sample(model, tok, num=num, length=length, bars=bars, prompt=prompt, options=options,
-                      seed=seed, on_token=on_token, weights_dtype=weights_dtype)
+        # Ctrl-C stops sampling after the current token and what is valid so far is written. A
+        # flag, not KeyboardInterrupt: an exception raised at an arbitrary point (inside the
+        # progress bar's lock, say) can leave the program hanging on exit. A second Ctrl-C
+        # interrupts at once.
+        stop = threading.Event()
+
+        def on_sigint(signum, frame):
+            stop.set()
+            signal.signal(signal.SIGINT, previous)
+
+        previous = signal.signal(signal.SIGINT, on_sigint)
+        try:
+            return sample(model, tok, num=num, length=length, bars=bars, prompt=prompt, options=options,
+                          seed=seed, on_token=on_token, should_stop=stop.is_set, weights_dtype=weights_dtype)
+        finally:
+            signal.signal(signal.SIGINT, previous)
 
 
 def _report(paths_ids, result, seed, as_json, tok, midis):

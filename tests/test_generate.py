@@ -45,6 +45,7 @@ def test_sampled_sequences_are_valid_and_retokenize_to_themselves(tiny_checkpoin
             assert mido.MidiFile(str(path)).length > 0
             n_checked += 1
     assert n_checked == 12
+    assert model.step_weights_dtype == torch.float32  # sampling's fp16 step weights stay in its own state
 
 
 def test_bars_mode_gives_complete_bars(tiny_checkpoint):
