@@ -135,7 +135,8 @@ def main():
             impls.remove("performer-pytorch")
     peak = matmul_peak(args.threads)
     print(f"{args.layers} layers, d_model {args.d_model}, {args.heads} heads, d_ff {args.d_ff}, {args.features} "
-          f"features, ~{TOKENS} tokens/step, threads={args.threads}; measured fp32 matmul peak {peak:.0f} GFLOP/s\n")
+          f"features, ~{TOKENS} tokens/step, threads={args.threads}, {args.precision}; measured fp32 matmul peak "
+          f"{peak:.0f} GFLOP/s (MFU below is relative to it{', also under bf16' if args.precision == 'bf16' else ''})\n")
     res = {}
     for T in args.lens:
         for impl in impls:
