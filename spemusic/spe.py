@@ -123,36 +123,31 @@ class SineSPE(nn.Module):
         whatever the call layout (block or one at a time)."""
         return torch.remainder(ph, 2 * math.pi).float()
 
-    def _phases(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """float64 angular frequencies 2πf (H, D, 1, K) and phase offsets (H, D, 2, K): θ for the
-        queries (row 0), 0 for the keys (row 1)."""
-        th = self.phases.double()
-        return (2 * math.pi * self.frequencies().double())[:, :, None], torch.stack((th, torch.zeros_like(th)), 2)
-
     def features(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """λ-weighted trig features at integer positions (T,) -> two (T, H, D, 2K) fp32
         (queries, keys; last axis [cos, sin] per sine)."""
-        f2pi, offs = self._phases()
-        pos = positions.to(device=f2pi.device, dtype=torch.float64)[:, None, None, None]
-        base = pos * f2pi[:, :, 0]  # (T, H, D, K)
+        f = self.frequencies().double()  # (H, D, K)
+        pos = positions.to(device=f.device, dtype=torch.float64)[:, None, None, None]
+        base = 2 * math.pi * f * pos  # (T, H, D, K) float64
+        phq, phk = self._reduce(base + self.phases.double()), self._reduce(base)
         lam = self.gains[..., None]
-        out = []
-        for ph in (self._reduce(base + offs[:, :, 0]), self._reduce(base)):  # queries (phase θ), keys
-            # contiguous (T, H, D, 2K) each: the filter's products are faster on them
-            out.append((torch.stack((torch.cos(ph), torch.sin(ph)), -1) * lam).flatten(-2))
-        return out[0], out[1]
+        fq = torch.stack((torch.cos(phq), torch.sin(phq)), -1) * lam
+        fk = torch.stack((torch.cos(phk), torch.sin(phk)), -1) * lam
+        return fq.flatten(-2), fk.flatten(-2)
 
+    @torch.no_grad()
     def step_tables(self, code: SineCode) -> "SineStepTables":
-        """Constants for the code at one position at a time (generation): cos x = sin(x + π/2) so
-        that one sin call gives every feature, the gains folded into Z, and every table in the
-        full (H, D, 2, K, 2) shape (broadcasting small tensors costs more than the arithmetic)."""
-        f2pi, offs = self._phases()
-        quarter = torch.tensor([math.pi / 2, 0.0], dtype=torch.float64, device=offs.device)
-        offs = (offs[..., None] + quarter).detach()  # (H, D, 2, K, 2): [cos, sin] per sine
+        """Constants for the code at one position at a time (generation): one sin call gives
+        every feature (cos x = sin(x + π/2)), the gains are folded into Z, and every table has
+        the full (H, D, 2, K, 2) shape (broadcasting small tensors costs more than the arithmetic)."""
+        th = self.phases.double()
+        quarter, zero = torch.full_like(th, math.pi / 2), torch.zeros_like(th)
+        # sin(2πf·t + offset) = [cos, sin] of the query phase 2πf·t + θ (row 0), of the key phase (row 1)
+        offs = torch.stack((torch.stack((th + quarter, th), -1), torch.stack((quarter, zero), -1)), 2)
+        f2pi = (2 * math.pi * self.frequencies().double())[:, :, None, :, None].expand_as(offs).contiguous()
         H, D, K = self.n_heads, self.d_head, self.n_sines
-        z = code.z.view(H, D, K, 2, self.R) * self.gains.detach()[..., None, None]
-        return SineStepTables(f2pi[..., None].detach().expand_as(offs).contiguous(), offs,
-                              z.view(H * D, 2 * K, self.R))
+        z = code.z.view(H, D, K, 2, self.R) * self.gains[..., None, None]
+        return SineStepTables(f2pi, offs, z.view(H * D, 2 * K, self.R))
 
     @staticmethod
     def code_at(tables: "SineStepTables", t: int) -> torch.Tensor:
