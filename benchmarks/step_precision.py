@@ -1,5 +1,5 @@
 """What half-precision step weights change: the shipped models scored token by token on real
-validation pieces, through the recurrent step with fp32 and with fp16 linear weights, against
+validation pieces, through the recurrent step with fp32, fp16 and bf16 linear weights, against
 the parallel (chunked) fp32 forward pass.
 
 Prints, per model: mean NLL per token of each path, the largest logit difference from the
@@ -53,6 +53,7 @@ def main():
             rows = [("parallel fp32", ref)]
             rows.append(("step, fp32 weights", step_logits(model, inp, torch.float32)))
             rows.append(("step, fp16 weights", step_logits(model, inp, torch.float16)))
+            rows.append(("step, bf16 weights", step_logits(model, inp, torch.bfloat16)))
         ref_logp = F.log_softmax(ref.double(), -1)  # float64: KL values this small
         for label, lg in rows:
             nll = F.cross_entropy(lg.transpose(1, 2), tgt).item()

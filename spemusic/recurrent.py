@@ -11,11 +11,12 @@ bytes each token reads. Per token, the SPE code at t is formed once for every la
 folded in: q̂ = q · (√(1-g) ⊙ Q̄_t + √g ⊙ ε)); per layer, q̂ and k̂ come from one batched
 product, φ(q̂), φ(k̂) from one more and one exp.
 
-``weights_dtype=torch.float16`` keeps a half-precision copy of the linear layers' weights
-for the step (activations, SPE, attention and its state stay fp32; products accumulate in
-fp32): half the bytes read per token, which on a CPU is most of a batch-1 step. Logits then
-differ from the fp32 step by ~4e-4 of their range (tests/test_model.py); the shipped models'
-NLL on real pieces is unchanged to 1e-5 nats (benchmarks/step_precision.py).
+``weights_dtype=torch.float16`` (or bfloat16) keeps a half-precision copy of the linear layers'
+weights for the step (activations, SPE, attention and its state stay fp32; products accumulate
+in fp32): half the bytes read per token, which on a CPU is most of a batch-1 step. Logits then
+differ from the fp32 step by ~4e-4 of their range with fp16, ~2e-3 with bf16
+(tests/test_model.py); the shipped models' NLL on real pieces is unchanged to 1e-5 and 1e-4 nats
+(benchmarks/step_precision.py).
 
 The step is for inference: dropout is not applied.
 """

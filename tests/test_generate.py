@@ -87,12 +87,21 @@ def test_generate_is_deterministic(run_cli, tiny_checkpoint, tmp_path):
 
 def test_generate_precision_option(run_cli, tiny_checkpoint, tmp_path):
     args = ["generate", "--model", tiny_checkpoint, "--length", 100, "--seed", 3, "--json"]
-    for precision in ("fp16", "fp32"):
+    for precision in ("auto", "fp16", "bf16", "fp32"):
         code, out, _ = run_cli(*args, "--precision", precision, "-o", tmp_path / f"{precision}.mid")
         assert code == 0 and json.loads(out.strip().splitlines()[-1])["notes"] > 0
     code, _, err = run_cli(*args, "--precision", "fp8", "-o", tmp_path / "bad.mid")
     assert code == 2 and "fp8" in err
     assert not (tmp_path / "bad.mid").exists()
+
+
+def test_auto_step_precision():
+    from spemusic.sampling import auto_step_dtype
+    from spemusic.train import cpu_has_fast_bf16
+
+    assert auto_step_dtype("cpu", 1) == auto_step_dtype("cpu", 4) == torch.float16
+    assert auto_step_dtype("cpu", 8) == (torch.bfloat16 if cpu_has_fast_bf16() else torch.float16)
+    assert auto_step_dtype("cuda", 8) == torch.float16
 
 
 def test_generate_num_writes_numbered_files(run_cli, tiny_checkpoint, tmp_path):
