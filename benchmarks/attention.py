@@ -151,7 +151,7 @@ def main():
             res[(impl, T)] = json.loads(line[-1])
             r = res[(impl, T)]
             mfu = model_flops_per_token(impl, T, args.layers, args.d_model, args.d_ff, args.heads, args.features,
-                                        64, 64) * r["tok_s"] / (peak * 1e9)
+                                        R=64, C=64) * r["tok_s"] / (peak * 1e9)  # the small preset's R and chunk
             r["mfu"] = mfu
             print(f"  {impl:>18} @ {T:>5}: {r['tok_s']:8.0f} tok/s  peak {r['peak_mb']:7.0f} MB  MFU {mfu:5.1%}",
                   flush=True)

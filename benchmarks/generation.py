@@ -121,12 +121,11 @@ def main():
         for P in args.positions:
             row = {"P": P}
             for name, dt in dtypes.items():
-                fav.step_weights_dtype = soft.step_weights_dtype = dt
-                st = fav.init_state(1)
+                st = fav.init_state(1, weights_dtype=dt)
                 st.position = P
                 row[f"favor {name}"] = time_steps(fav, st, args.steps)
                 row["state MB"] = st.nbytes() / 2**20
-                st2 = soft.init_state(1)
+                st2 = soft.init_state(1, weights_dtype=dt)
                 for kv in st2.layers:
                     kv.append(torch.randn(1, scfg.n_heads, P, scfg.d_head), torch.randn(1, scfg.n_heads, P, scfg.d_head))
                 st2.position = P
@@ -158,7 +157,6 @@ def main():
             ref = PerformerLM(num_tokens=VOCAB, max_seq_len=max(args.rerun), dim=cfg.d_model, depth=cfg.n_layers,
                               heads=cfg.n_heads, dim_head=cfg.d_head, causal=True, nb_features=cfg.n_features,
                               ff_mult=cfg.d_ff // cfg.d_model).eval()
-        fav.step_weights_dtype = torch.float32  # the conservative figure
         print(f"{'prefix':>7} {'rerun spemusic ms':>18} {'rerun perf-pytorch ms':>22} {'favor fp32 step ms':>19} "
               f"{'speedup vs rerun':>17}")
         for P in args.rerun:

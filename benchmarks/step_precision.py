@@ -25,8 +25,7 @@ MODELS = {"pop-piano": DATA / "pop909", "groove": DATA / "groove"}
 
 
 def step_logits(model, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    model.step_weights_dtype = dtype
-    st = model.init_state(ids.shape[0])
+    st = model.init_state(ids.shape[0], weights_dtype=dtype)
     out = []
     for t in range(ids.shape[1]):
         logits, st = model.step(st, ids[:, t])

@@ -76,7 +76,8 @@ def favor_key(x: torch.Tensor, omega: torch.Tensor, scale2: float) -> torch.Tens
 
 
 def _ones_col(v: torch.Tensor) -> torch.Tensor:
-    return torch.cat((v, v.new_ones(*v.shape[:-1], 1)), -1)
+    """[v, 1]: the extra column accumulates the normaliser z next to S."""
+    return F.pad(v, (0, 1), value=1.0)
 
 
 def chunked_linear_attention(

@@ -236,7 +236,6 @@ class StepPrecision(str, Enum):
     fp32 = "fp32"
 
 
-STEP_DTYPES = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}  # torch dtype names (torch loads lazily)
 STEP_PRECISION_HELP = ("Weights of the generation step. Half precision reads half the bytes per token (1.6x faster "
                        "on a CPU at batch 1) and leaves the NLL unchanged to 1e-4 nats; fp32 is exact. auto: fp16, "
                        "or bf16 from --num 8 on a CPU with native bf16.")
@@ -492,7 +491,8 @@ def _generate_or_continue(model_name, prompt_path, prompt_bars, length, bars, nu
         prompt = load_prompt(prompt_path, tok, prompt_bars)
     result = _run_sampling(model, tok, num=num, length=length, bars=bars,
                            prompt=None if prompt is None else prompt.ids, options=options, seed=seed,
-                           weights_dtype=None if precision == StepPrecision.auto else getattr(torch, STEP_DTYPES[precision.value]),
+                           weights_dtype={"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}.get(
+                               precision.value),  # auto: None, the sampler picks
                            quiet=as_json and not sys.stderr.isatty())
     midis, rows = [], []
     for path, ids in zip(paths, result.ids):

@@ -267,9 +267,6 @@ class Performer(nn.Module):
         # training only: recompute each block's activations in the backward pass instead of
         # keeping them (less memory for long sequences, about one more forward of compute)
         self.checkpoint_activations = False
-        # generation: dtype of the linear layers' weights in the recurrent step (states made by
-        # init_state/prime keep it); float16 halves the bytes read per token (see recurrent.py)
-        self.step_weights_dtype = torch.float32
 
     # ------------------------------------------------------------------ utilities
     @property
@@ -352,7 +349,7 @@ class Performer(nn.Module):
             raise SpemusicError(f"expected token ids as a {ndim}-D LongTensor")
 
     # ------------------------------------------------------------------ parallel
-    def _parallel(self, ids: torch.Tensor, want_state: bool):
+    def _parallel(self, ids: torch.Tensor, want_state: bool, weights_dtype: torch.dtype = torch.float32):
         self._check_ids(ids, 2)
         B, T = ids.shape
         if T == 0:
@@ -374,25 +371,28 @@ class Performer(nn.Module):
         if not want_state:
             return logits
         return logits, State(position=T, batch_size=B, layers=states, pe=recurrent.new_stream_states(self, codes, T),
-                             plan=recurrent.build_plan(self, codes, self.step_weights_dtype))
+                             plan=recurrent.build_plan(self, codes, weights_dtype))
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         """(B, T) token ids -> (B, T, V) next-token logits (chunked parallel path)."""
         return self._parallel(ids, want_state=False)
 
     @torch.no_grad()
-    def prime(self, ids: torch.Tensor):
-        """One parallel pass over a prompt: (logits (B, T, V), State after the prompt)."""
-        return self._parallel(ids, want_state=True)
+    def prime(self, ids: torch.Tensor, weights_dtype: torch.dtype = torch.float32):
+        """One parallel pass over a prompt: (logits (B, T, V), State after the prompt).
+        ``weights_dtype``: the state's step keeps its linear weights in this dtype (float16 or
+        bfloat16 halve the bytes read per token, see recurrent.py; float32 is exact)."""
+        return self._parallel(ids, want_state=True, weights_dtype=weights_dtype)
 
     # ------------------------------------------------------------------ recurrent
     @torch.no_grad()
-    def init_state(self, batch_size: int) -> State:
-        """Empty state at position 0: generation from scratch is step() from here."""
+    def init_state(self, batch_size: int, weights_dtype: torch.dtype = torch.float32) -> State:
+        """Empty state at position 0: generation from scratch is step() from here
+        (``weights_dtype`` as in ``prime``)."""
         codes = self._get_codes()
         layers = [b.attn.empty_state(batch_size, self.device) for b in self.blocks]
         return State(position=0, batch_size=batch_size, layers=layers, pe=recurrent.new_stream_states(self, codes, 0),
-                     plan=recurrent.build_plan(self, codes, self.step_weights_dtype))
+                     plan=recurrent.build_plan(self, codes, weights_dtype))
 
     @torch.no_grad()
     def step(self, state: State, next_ids: torch.Tensor):

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from spemusic.attention import EPS, KVCache
+from spemusic.attention import KVCache, linear_attention_step
 from spemusic.spe import ConvSPE, SineSPE
 
 __all__ = ["State", "StepPlan", "build_plan", "step", "new_stream_states"]
@@ -43,14 +43,16 @@ class LayerPlan:
     ff1: Linear
     ff2: Linear
     omega_t: torch.Tensor | None  # (dk, M) FAVOR+ projection, data scaling folded in
+    code: torch.Tensor | None = None  # (2H, D or 2D, R) view of StepPlan.code_buf (SPE)
+    gate: torch.Tensor | None = None  # (2H, 1, 2, D): [√(1-g), √g] per q/k head (gated SPE)
 
 
 @dataclass
 class StepPlan:
     weights_dtype: torch.dtype
     layers: list  # LayerPlan per layer
+    codes: list | None  # the SPE draw (per SPE module) the state belongs to
     sine: list | None  # per SPE module: SineStepTables, or None for convSPE
-    gate: torch.Tensor | None  # (L, 2H, 1, 2, D): [√(1-g), √g] per layer and q/k head (gated SPE)
     # scratch rewritten by every step: (n SPE modules, 2, H, 2 or 1, D, R) = [Q̄_t, ε] / [K̄_t, ε]
     code_buf: torch.Tensor | None
     key_scale: float  # φ(k) = exp(ω·k̂ - key_scale ‖k̂‖² - key_offset) (see attention.favor_key)
@@ -71,7 +73,7 @@ class State:
     batch_size: int
     layers: list
     pe: list = field(default_factory=list)
-    plan: StepPlan | None = field(default=None, repr=False)
+    plan: StepPlan = field(default=None, repr=False)  # set by Performer.prime / init_state
 
     def clone(self) -> "State":
         return State(
@@ -93,41 +95,39 @@ class State:
 
 
 def _linear(lin, dtype) -> Linear:
-    w, b = lin.weight.detach(), lin.bias.detach() if lin.bias is not None else None
-    if dtype != w.dtype:
-        w, b = w.to(dtype), b.to(dtype) if b is not None else None
-    return w, b
+    return lin.weight.detach().to(dtype), lin.bias.detach().to(dtype)  # the same tensors when fp32
 
 
 @torch.no_grad()
 def build_plan(model, codes, weights_dtype: torch.dtype = torch.float32) -> StepPlan:
     cfg = model.cfg
-    layers = []
-    for blk in model.blocks:
-        a = blk.attn
-        om = (a.omega * a.dk ** -0.25).T.contiguous() if a.favor else None
-        layers.append(LayerPlan(_linear(a.qkv, weights_dtype), _linear(a.out, weights_dtype),
-                                _linear(blk.ff1, weights_dtype), _linear(blk.ff2, weights_dtype), om))
-    sine, gate, code_buf = None, None, None
+    H, D, R = cfg.n_heads, cfg.d_head, cfg.n_realizations
+    layers = [LayerPlan(_linear(b.attn.qkv, weights_dtype), _linear(b.attn.out, weights_dtype),
+                        _linear(b.ff1, weights_dtype), _linear(b.ff2, weights_dtype),
+                        b.attn._scaled_omega().T.contiguous() if b.attn.favor else None) for b in model.blocks]
+    sine, code_buf = None, None
     if codes is not None:
         sine = [m.step_tables(c) if isinstance(m, SineSPE) else None for m, c in zip(model.spe, codes)]
-        H, D, R = cfg.n_heads, cfg.d_head, cfg.n_realizations
         # the step writes Q̄_t, K̄_t into code_buf; the gated filter of a layer is then one
         # product: [q ⊙ √(1-g), q ⊙ √g] · [Q̄_t; ε] (no per-layer gated code is formed)
-        code_buf = torch.zeros(len(codes), 2, H, 2 if cfg.gated else 1, D, R, device=model.device)
+        rows = 2 if cfg.gated else 1
+        code_buf = torch.zeros(len(codes), 2, H, rows, D, R, device=model.device)
         if cfg.gated:
             code_buf[:, :, :, 1] = torch.stack([c.eps for c in codes])[:, None]
-            g = torch.stack([torch.sigmoid(b.attn.filter.gate) for b in model.blocks])  # (L, H, D)
-            gate = torch.stack((torch.sqrt(1 - g), torch.sqrt(g)), 2).repeat(1, 2, 1, 1)[:, :, None]
+        for i, (lp, blk) in enumerate(zip(layers, model.blocks)):
+            lp.code = code_buf[i if len(codes) > 1 else 0].view(2 * H, rows * D, R)
+            if cfg.gated:
+                g = torch.sigmoid(blk.attn.filter.gate)  # (H, D)
+                lp.gate = torch.stack((torch.sqrt(1 - g), torch.sqrt(g)), 1).repeat(2, 1, 1)[:, None]
     dk = model.blocks[0].attn.dk
     offset = torch.full((1, 1, 1), math.log(math.sqrt(cfg.n_features)), device=model.device)
-    return StepPlan(weights_dtype, layers, sine, gate, code_buf, 0.5 * dk ** -0.5, offset)
+    return StepPlan(weights_dtype, layers, codes, sine, code_buf, 0.5 * dk ** -0.5, offset)
 
 
 def _write_codes(model, state: State, t: int) -> None:
     """Write the SPE codes at position t into the plan's code buffer."""
     plan = state.plan
-    for i, (m, c, tables, stream) in enumerate(zip(model.spe, model._get_codes(), plan.sine, state.pe)):
+    for i, (m, c, tables, stream) in enumerate(zip(model.spe, plan.codes, plan.sine, state.pe)):
         if tables is not None:
             qk = SineSPE.code_at(tables, t)
         else:
@@ -136,21 +136,20 @@ def _write_codes(model, state: State, t: int) -> None:
         plan.code_buf[i, :, :, 0].copy_(qk)
 
 
-def _attention(attn, lp: LayerPlan, plan: StepPlan, h: torch.Tensor, code, gate, S) -> torch.Tensor:
+def _attention(cfg, lp: LayerPlan, plan: StepPlan, h: torch.Tensor, S) -> torch.Tensor:
     """One layer's attention for one token: h (B, d) -> (B, d) before the output projection."""
-    cfg = attn.cfg
     B = h.shape[0]
     H, D = cfg.n_heads, cfg.d_head
     d = H * D
     w, b = lp.qkv
     qkv = F.linear(h.to(w.dtype), w, b).float()
     qk = qkv[:, : 2 * d].view(B, 2 * H, D).transpose(0, 1)  # (2H, B, D): q heads, then k heads
-    if code is None:
+    if lp.code is None:
         xh = qk
     else:
-        if gate is not None:
-            qk = (qk[:, :, None] * gate).view(2 * H, B, 2 * D)  # [q ⊙ √(1-g), q ⊙ √g]
-        xh = torch.bmm(qk, code.view(2 * H, qk.shape[-1], -1))  # q̂, k̂: (2H, B, dk)
+        if lp.gate is not None:
+            qk = (qk[:, :, None] * lp.gate).view(2 * H, B, 2 * D)  # [q ⊙ √(1-g), q ⊙ √g]
+        xh = torch.bmm(qk, lp.code)  # q̂, k̂: (2H, B, dk)
     v = qkv[:, 2 * d:].view(B, H, D)
     if lp.omega_t is None:  # softmax with a KV cache
         q = xh[:H].transpose(0, 1)[:, :, None]
@@ -163,30 +162,22 @@ def _attention(attn, lp: LayerPlan, plan: StepPlan, h: torch.Tensor, code, gate,
     xk = xh[H:].reshape(H * B, 1, dk)
     sq = torch.baddbmm(plan.key_offset, xk, xk.transpose(1, 2), alpha=plan.key_scale)  # (H·B, 1, 1)
     pk.sub_(sq.view(H, B, 1))
-    p.exp_()  # φ(q̂), φ(k̂) up to constants that cancel
-    M = p.shape[-1]
-    s = S.view(B * H, M, D + 1)
-    s.baddbmm_(pk.transpose(0, 1).reshape(B * H, M, 1), F.pad(v, (0, 1), value=1.0).view(B * H, 1, D + 1))
-    out = torch.bmm(pq.transpose(0, 1).reshape(B * H, 1, M), s).view(B, H, D + 1)
-    return (out[..., :D] / (out[..., D:] + EPS)).reshape(B, d)
+    p.exp_()  # φ(q̂), φ(k̂) (attention.favor_query / favor_key), in one pass
+    return linear_attention_step(pq.transpose(0, 1), pk.transpose(0, 1), v, S).reshape(B, d)
 
 
 @torch.no_grad()
 def step(model, state: State, next_ids: torch.Tensor):
     """Feed one token per sequence at ``state.position``: (B,) -> (logits (B, V), state)."""
     t = state.position
-    if state.plan is None:
-        state.plan = build_plan(model, model._get_codes(), model.step_weights_dtype)
     plan = state.plan
     # the step's precision is the plan's, whatever autocast is active (the state stays fp32)
     with torch.autocast(device_type=model.device.type, enabled=False):
         if plan.code_buf is not None:
             _write_codes(model, state, t)
         x = model._embed(next_ids[:, None], t)[:, 0].float()
-        for i, (blk, lp, S) in enumerate(zip(model.blocks, plan.layers, state.layers)):
-            code = None if plan.code_buf is None else plan.code_buf[i if len(plan.code_buf) > 1 else 0]
-            gate = None if plan.gate is None else plan.gate[i]
-            o = _attention(blk.attn, lp, plan, blk.ln1(x), code, gate, S)
+        for blk, lp, S in zip(model.blocks, plan.layers, state.layers):
+            o = _attention(model.cfg, lp, plan, blk.ln1(x), S)
             w, b = lp.out
             x = x + F.linear(o.to(w.dtype), w, b)
             w1, b1 = lp.ff1

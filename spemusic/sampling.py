@@ -152,11 +152,7 @@ def sample(model: Performer, tokenizer: REMITokenizer, *, num: int = 1, length: 
     bars_started = [0] * num
     done = [False] * num
     batch_prompt = torch.from_numpy(np.tile(prompt, (num, 1))).to(device)
-    previous, model.step_weights_dtype = model.step_weights_dtype, weights_dtype or auto_step_dtype(device, num)
-    try:
-        logits, state = model.prime(batch_prompt)  # the state keeps its step weights
-    finally:
-        model.step_weights_dtype = previous
+    logits, state = model.prime(batch_prompt, weights_dtype=weights_dtype or auto_step_dtype(device, num))
     logits = logits[:, -1]
     # continuing a prompt starts a new bar: the prompt stays as the user wrote it
     force_bar = len(prompt) > 1

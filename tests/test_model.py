@@ -97,8 +97,7 @@ def test_half_precision_step_weights(pe, gated, dtype, tol):
     ids = torch.randint(0, V, (2, 300), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
         full = m(ids)
-    m.step_weights_dtype = dtype
-    _, st = m.prime(ids[:, :100])
+    _, st = m.prime(ids[:, :100], weights_dtype=dtype)
     assert all(lp.qkv[0].dtype == dtype and lp.ff2[0].dtype == dtype for lp in st.plan.layers)
     outs = []
     for t in range(100, 300):
