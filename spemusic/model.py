@@ -147,18 +147,19 @@ class Attention(nn.Module):
     def _scaled_omega(self):
         return self.omega * self.dk ** -0.25
 
-    def _qkv(self, x: torch.Tensor, ctx: SPEContext | None):
-        """x (B, T, d) -> q, k (B, H, T, dk), v (B, H, T, D)."""
+    def _qkv(self, x: torch.Tensor, norm: nn.LayerNorm, ctx: SPEContext | None):
+        """x (B, T, d) -> q, k (B, H, T, dk), v (B, H, T, D) of norm(x)."""
         B, T, _ = x.shape
         H, D = self.cfg.n_heads, self.cfg.d_head
-        q, k, v = self.qkv(x).view(B, T, 3, H, D).unbind(2)
+        q, k, v = norm_linear(x, norm, self.qkv.weight, self.qkv.bias).view(B, T, 3, H, D).unbind(2)
         if self.filter is not None:
             q, k = self.filter(q, k, ctx)
         return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
 
-    def forward(self, x: torch.Tensor, ctx: SPEContext | None, want_state: bool = False):
+    def forward(self, x: torch.Tensor, norm: nn.LayerNorm, ctx: SPEContext | None, want_state: bool = False):
+        """Attention over norm(x) (the block's pre-norm, applied with the projection)."""
         B, T, d = x.shape
-        q, k, v = self._qkv(x, ctx)
+        q, k, v = self._qkv(x, norm, ctx)
         st = None
         if self.favor:
             with torch.autocast(device_type=x.device.type, enabled=False):
@@ -193,6 +194,38 @@ class Attention(nn.Module):
         return KVCache(batch, self.cfg.n_heads, self.dk, self.cfg.d_head, device)
 
 
+class NormLinear(torch.autograd.Function):
+    """linear(layer_norm(x), weight, bias) keeping x and its statistics for the backward pass (the
+    norm's own backward needs them anyway): the normalised x is recomputed there (elementwise,
+    cheap) instead of being held, for the three norms of every layer and the head."""
+
+    @staticmethod
+    def forward(ctx, x, ln_weight, ln_bias, eps, weight, bias):
+        xn, mean, rstd = torch.native_layer_norm(x, x.shape[-1:], ln_weight, ln_bias, eps)
+        ctx.save_for_backward(x, mean, rstd, ln_weight, ln_bias, weight)
+        ctx.eps, ctx.has_bias = eps, bias is not None
+        return F.linear(xn, weight, bias)  # under autocast: in its dtype, like nn.Linear
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, mean, rstd, ln_weight, ln_bias, weight = ctx.saved_tensors
+        dt = grad.dtype
+        xn = torch.native_layer_norm(x, x.shape[-1:], ln_weight, ln_bias, ctx.eps)[0]
+        g = grad.reshape(-1, grad.shape[-1])
+        grad_xn = (grad @ weight.to(dt)).to(x.dtype)
+        grad_x, grad_lw, grad_lb = torch.ops.aten.native_layer_norm_backward(
+            grad_xn, x, x.shape[-1:], mean, rstd, ln_weight, ln_bias, [True, True, True])
+        grad_w = g.T @ xn.reshape(-1, xn.shape[-1]).to(dt)
+        return grad_x, grad_lw, grad_lb, None, grad_w, g.sum(0) if ctx.has_bias else None
+
+
+def norm_linear(x: torch.Tensor, norm: nn.LayerNorm, weight: torch.Tensor, bias: torch.Tensor | None):
+    """linear(norm(x)); in training, through NormLinear (less memory, same gradients)."""
+    if norm.training and torch.is_grad_enabled():
+        return NormLinear.apply(x, norm.weight, norm.bias, norm.eps, weight, bias)
+    return F.linear(norm(x), weight, bias)
+
+
 class GeluLinear(torch.autograd.Function):
     """linear(gelu(u), weight, bias) keeping only u for the backward pass: gelu(u) is recomputed
     there (elementwise, ~2% of a step) instead of being held, d_ff wide, for every layer."""
@@ -224,7 +257,7 @@ class Block(nn.Module):
         self.drop = nn.Dropout(cfg.dropout)
 
     def ffn(self, x):
-        u = self.ff1(self.ln2(x))
+        u = norm_linear(x, self.ln2, self.ff1.weight, self.ff1.bias)
         if self.training and torch.is_grad_enabled():
             y = GeluLinear.apply(u, self.ff2.weight, self.ff2.bias)
         else:
@@ -232,7 +265,7 @@ class Block(nn.Module):
         return self.drop(y)
 
     def forward(self, x, ctx, want_state=False):
-        a, st = self.attn(self.ln1(x), ctx, want_state)
+        a, st = self.attn(x, self.ln1, ctx, want_state)
         x = x + a
         return x + self.ffn(x), st
 
@@ -342,7 +375,7 @@ class Performer(nn.Module):
         return self.drop(x)
 
     def _head(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(self.ln_f(x), self.tok.weight)
+        return norm_linear(x, self.ln_f, self.tok.weight, None)
 
     def _check_ids(self, ids: torch.Tensor, ndim: int):
         if not isinstance(ids, torch.Tensor) or ids.dim() != ndim:

@@ -256,6 +256,83 @@ def test_tiled_sine_filter_matches_the_materialised_code(monkeypatch):
                               atol=1e-4)
 
 
+@pytest.mark.parametrize("gated", [True, False])
+def test_sine_filter_gradients_match_the_plain_formula(monkeypatch, gated):
+    """The hand-written filter (and its cos/sin) against autograd through the textbook formula
+    q̂ = Σ_d q_d Q̄'_d with Q̄ = Σ_k λ_k [cos(2πf_k m + θ_k) Z_k,1 + sin(2πf_k m + θ_k) Z_k,2],
+    Q̄' = √(1-g) Q̄ + √g ε: outputs and every gradient (q, k, frequencies, phases, gains, gate),
+    in one tile and in uneven tiles."""
+    import spemusic.spe as spe_module
+
+    torch.manual_seed(0)
+    B, T, H, D, K, R = 3, 37, 2, 4, 3, 8
+    spe = SineSPE(H, D, K, R)
+    filt = SPEFilter(H, D, gated=gated)
+    if gated:
+        filt.gate.data.normal_()
+    code = spe.draw(torch.Generator().manual_seed(3))
+    q, k = torch.randn(B, T, H, D, requires_grad=True), torch.randn(B, T, H, D, requires_grad=True)
+    wq, wk = torch.randn(B, T, H, R), torch.randn(B, T, H, R)
+    params = [q, k, spe.freqs, spe.phases, spe.gains] + ([filt.gate] if gated else [])
+
+    def reference():
+        m = torch.arange(T, dtype=torch.float64)[:, None, None, None]
+        base = 2 * math.pi * spe.frequencies().double() * m
+        z = code.z.view(H, D, K, 2, R)
+
+        def bar(ph):
+            c, s = torch.cos(ph).float(), torch.sin(ph).float()
+            return torch.einsum("thdk,hdkr->thdr", c * spe.gains, z[:, :, :, 0]) + \
+                torch.einsum("thdk,hdkr->thdr", s * spe.gains, z[:, :, :, 1])
+
+        qbar, kbar = bar(base + spe.phases.double()), bar(base)
+        if gated:
+            g = torch.sigmoid(filt.gate)[..., None]
+            qbar = torch.sqrt(1 - g) * qbar + torch.sqrt(g) * code.eps
+            kbar = torch.sqrt(1 - g) * kbar + torch.sqrt(g) * code.eps
+        return torch.einsum("bthd,thdr->bthr", q, qbar), torch.einsum("bthd,thdr->bthr", k, kbar)
+
+    def outputs_and_grads(fn):
+        qh, kh = fn()
+        return (qh.detach(), kh.detach()) + torch.autograd.grad((qh * wq).sum() + (kh * wk).sum(), params)
+
+    expected = outputs_and_grads(reference)
+    for rows in (10**6, 3 * 7):
+        monkeypatch.setattr(spe_module, "SINE_TILE_ROWS", rows)
+        got = outputs_and_grads(lambda: filt(q, k, spe.context(code, torch.arange(T, dtype=torch.float64))))
+        for a, b in zip(got, expected):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_norm_linear_gradients_match_layer_norm_then_linear():
+    """NormLinear (training: the normalised input recomputed in the backward pass) gives
+    nn.LayerNorm + linear's outputs and gradients, with and without a bias, fp32 and bf16."""
+    from spemusic.model import NormLinear
+
+    torch.manual_seed(0)
+    norm = torch.nn.LayerNorm(16)
+    norm.weight.data.normal_()
+    norm.bias.data.normal_()
+    lin = torch.nn.Linear(16, 24)
+    x = torch.randn(3, 5, 16, requires_grad=True)
+    w = torch.randn(3, 5, 24)
+    for bias in (lin.bias, None):
+        params = [x, norm.weight, norm.bias, lin.weight] + ([bias] if bias is not None else [])
+        for dtype in (torch.float32, torch.bfloat16):
+            results = []
+            for fused in (True, False):
+                with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
+                    if fused:
+                        y = NormLinear.apply(x, norm.weight, norm.bias, norm.eps, lin.weight, bias)
+                    else:
+                        y = torch.nn.functional.linear(norm(x), lin.weight, bias)
+                assert y.dtype == dtype
+                results.append((y.detach(),) + torch.autograd.grad((y.float() * w).sum(), params))
+            tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-2)
+            for a, b in zip(*results):
+                torch.testing.assert_close(a, b, **tol)
+
+
 def test_sinespe_block_equals_per_position_far_away():
     torch.manual_seed(0)
     H, D, K, R = 2, 4, 5, 8
