@@ -3,7 +3,9 @@
 Configurations (`small` preset sizes unless --layers/--d-model are given):
 spemusic favor+sinespe (chunked causal linear attention), the same with
 activation checkpointing (`--checkpoint-activations`: block activations
-recomputed in the backward pass), performer-pytorch's
+recomputed in the backward pass), optionally spemusic favor without a positional
+encoding (`--impls ... spemusic-favor-nope`: the attention alone, like for like
+with performer-pytorch, which has no SPE), performer-pytorch's
 PerformerLM (causal; benchmark-only dependency, skipped with a note if not
 installed) and spemusic softmax (SDPA). Sequence lengths 512..8192 with the
 batch chosen to keep ~8k tokens per step. A step = forward + cross-entropy +
@@ -34,7 +36,7 @@ def model_flops_per_token(impl: str, T: int, L: int, d: int, dff: int, H: int, M
     if impl == "softmax":
         att = 2 * 2 * (T / 2) * d  # causal QK^T and AV, average context T/2
     else:
-        spe = impl.startswith("spemusic-favor")
+        spe = impl.startswith("spemusic-favor") and impl != "spemusic-favor-nope"
         dk = R if spe else D
         att = H * (2 * dk * M * 2 + 2 * C * (M + D + 1) + 2 * 2 * M * (D + 1))
         if spe:
@@ -61,7 +63,7 @@ def child(args):
         from spemusic.model import ModelConfig, Performer
 
         att = "softmax" if args.impl == "spemusic-softmax" else "favor"
-        pe = "sinespe" if att == "favor" else "none"
+        pe = "none" if args.impl in ("spemusic-softmax", "spemusic-favor-nope") else "sinespe"
         cfg = ModelConfig.preset("small", vocab_size=VOCAB, n_layers=args.layers, d_model=args.d_model,
                                  n_heads=args.heads, d_ff=args.d_ff, attention=att, pe=pe, n_features=args.features,
                                  n_realizations=64, max_len=max(T, 2048))
@@ -156,13 +158,15 @@ def main():
             print(f"  {impl:>18} @ {T:>5}: {r['tok_s']:8.0f} tok/s  peak {r['peak_mb']:7.0f} MB  MFU {mfu:5.1%}",
                   flush=True)
     print("\nratios in this run (favor = spemusic favor+sinespe, ckpt = the same with activation checkpointing, "
-          "perf = performer-pytorch, soft = spemusic softmax):")
+          "perf = performer-pytorch, soft = spemusic softmax, nope = spemusic favor without a PE):")
     pairs = [("favor/perf speed", "spemusic-favor", "performer-pytorch", "tok_s"),
              ("favor/perf mem", "spemusic-favor", "performer-pytorch", "peak_mb"),
              ("ckpt/perf speed", "spemusic-favor-ckpt", "performer-pytorch", "tok_s"),
              ("ckpt/perf mem", "spemusic-favor-ckpt", "performer-pytorch", "peak_mb"),
              ("favor/soft speed", "spemusic-favor", "spemusic-softmax", "tok_s"),
-             ("ckpt/soft speed", "spemusic-favor-ckpt", "spemusic-softmax", "tok_s")]
+             ("ckpt/soft speed", "spemusic-favor-ckpt", "spemusic-softmax", "tok_s"),
+             ("nope/perf speed", "spemusic-favor-nope", "performer-pytorch", "tok_s")]
+    pairs = [p for p in pairs if any((p[1], T) in res and (p[2], T) in res for T in args.lens)]
     print(f"{'len':>5} " + " ".join(f"{name:>17}" for name, *_ in pairs))
     for T in args.lens:
         cells = []
