@@ -297,11 +297,20 @@ def test_sine_filter_gradients_match_the_plain_formula(monkeypatch, gated):
         return (qh.detach(), kh.detach()) + torch.autograd.grad((qh * wq).sum() + (kh * wk).sum(), params)
 
     expected = outputs_and_grads(reference)
+    def ours():
+        return filt(q, k, spe.context(code, torch.arange(T, dtype=torch.float64)))
+
     for rows in (10**6, 3 * 7):
         monkeypatch.setattr(spe_module, "SINE_TILE_ROWS", rows)
-        got = outputs_and_grads(lambda: filt(q, k, spe.context(code, torch.arange(T, dtype=torch.float64))))
-        for a, b in zip(got, expected):
+        for a, b in zip(outputs_and_grads(ours), expected):
             torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    # under bf16 autocast the products run in bf16 (outputs bf16), the rest stays fp32
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = outputs_and_grads(ours)
+    assert got[0].dtype == torch.bfloat16
+    for a, b in zip(got, expected):
+        scale = b.abs().max().item()
+        torch.testing.assert_close(a.float(), b, rtol=0, atol=2e-2 * scale)
 
 
 def test_norm_linear_gradients_match_layer_norm_then_linear():
