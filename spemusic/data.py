@@ -257,9 +257,17 @@ def open_dataset(data: Path, config: TokenizerConfig | None = None, progress=Non
 
 
 class WindowSampler:
-    """Training windows of `seq_len + 1` tokens starting at bar boundaries (or at the piece's BOS),
-    drawn uniformly over all bar starts of a split, padded with PAD at the end of a piece, with
-    random transposition of pitched notes (drums untouched, pitches kept in range)."""
+    """Training windows of `seq_len + 1` tokens starting at bar boundaries, padded with PAD at the
+    end of a piece, with random transposition of pitched notes (drums untouched, pitches kept in
+    range). A share PIECE_START_SHARE of windows start at a piece's beginning (BOS, first bar and
+    its time signature), the rest uniformly over all bar starts of the split.
+
+    Why the share: generation from scratch starts at BOS, and the first bar's time signature is
+    then the model's to choose. Drawn uniformly over bar starts, piece starts would be one window
+    in a thousand for POP909 (bars of one beat), too few to learn that choice: a model trained so
+    picked an unseen meter for most pieces (bars of 2 to 8 beats with only the first one played)."""
+
+    PIECE_START_SHARE = 0.1
 
     def __init__(self, cache: TokenCache, split: str, seq_len: int, max_transpose: int = 6):
         self.tokenizer = cache.tokenizer
@@ -300,8 +308,11 @@ class WindowSampler:
         return out
 
     def sample(self, rng: np.random.Generator, batch_size: int, augment: bool = True) -> np.ndarray:
+        at_start = rng.random(batch_size) < self.PIECE_START_SHARE
         picks = rng.integers(0, len(self.starts), size=batch_size)
-        batch = [self.window(*self.starts[p]) for p in picks]
+        pieces = rng.integers(0, len(self.sequences), size=batch_size)
+        batch = [self.window(pieces[i], 0) if at_start[i] else self.window(*self.starts[picks[i]])
+                 for i in range(batch_size)]
         if augment:
             batch = [self.transpose(w, rng) for w in batch]
         return np.stack(batch)
