@@ -4,8 +4,9 @@ Configurations (`small` preset sizes unless --layers/--d-model are given):
 spemusic favor+sinespe (chunked causal linear attention), the same with
 activation checkpointing (`--checkpoint-activations`: block activations
 recomputed in the backward pass), optionally spemusic favor without a positional
-encoding (`--impls ... spemusic-favor-nope`: the attention alone, like for like
-with performer-pytorch, which has no SPE), performer-pytorch's
+encoding (`--impls ... spemusic-favor-nope`: the attention paths compared, as
+performer-pytorch's default positional encoding is rotary, an elementwise
+rotation of q and k, not SPE), performer-pytorch's
 PerformerLM (causal; benchmark-only dependency, skipped with a note if not
 installed) and spemusic softmax (SDPA). Sequence lengths 512..8192 with the
 batch chosen to keep ~8k tokens per step. A step = forward + cross-entropy +
