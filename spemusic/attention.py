@@ -31,6 +31,7 @@ __all__ = [
     "orthogonal_features",
     "favor_query",
     "favor_key",
+    "favor_key_constants",
     "chunked_linear_attention",
     "linear_attention_step",
     "linear_attention_reference",
@@ -69,10 +70,15 @@ def favor_key(x: torch.Tensor, omega: torch.Tensor, scale2: float) -> torch.Tens
     """φ for keys, unstabilised (bounded above, see module doc). scale2 = dk^(-1/2)
     (the square of the data scaling folded in omega)."""
     p = x @ omega.T
-    # the 1/√M factor goes inside the exponent: exp's output is then φ(k) itself, the one
-    # (.., M) tensor autograd keeps (a scaled copy would keep a second one)
-    sq = (x * x).sum(-1, keepdim=True) * (0.5 * scale2) + math.log(math.sqrt(omega.shape[0]))
-    return torch.exp(p - sq)
+    a, b = favor_key_constants(scale2, omega.shape[0])
+    return torch.exp(p - ((x * x).sum(-1, keepdim=True) * a + b))
+
+
+def favor_key_constants(scale2: float, n_features: int) -> tuple[float, float]:
+    """φ(k) = exp(ω·k - a‖k‖² - b): a = scale2 / 2, b = log √M. The 1/√M factor goes inside the
+    exponent: exp's output is then φ(k) itself, the one (.., M) tensor autograd keeps (a scaled
+    copy would keep a second one). Shared by favor_key and the recurrent step."""
+    return 0.5 * scale2, math.log(math.sqrt(n_features))
 
 
 def _ones_col(v: torch.Tensor) -> torch.Tensor:

@@ -246,6 +246,13 @@ class GeluLinear(torch.autograd.Function):
         return grad_u, g.T @ a, g.sum(0)
 
 
+def gelu_linear(u: torch.Tensor, linear: nn.Linear) -> torch.Tensor:
+    """linear(gelu(u)); in training, through GeluLinear (less memory, same gradients)."""
+    if linear.training and torch.is_grad_enabled():
+        return GeluLinear.apply(u, linear.weight, linear.bias)
+    return linear(F.gelu(u))
+
+
 class Block(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -258,11 +265,7 @@ class Block(nn.Module):
 
     def ffn(self, x):
         u = norm_linear(x, self.ln2, self.ff1.weight, self.ff1.bias)
-        if self.training and torch.is_grad_enabled():
-            y = GeluLinear.apply(u, self.ff2.weight, self.ff2.bias)
-        else:
-            y = self.ff2(F.gelu(u))
-        return self.drop(y)
+        return self.drop(gelu_linear(u, self.ff2))
 
     def forward(self, x, ctx, want_state=False):
         a, st = self.attn(x, self.ln1, ctx, want_state)

@@ -22,13 +22,12 @@ The step is for inference: dropout is not applied.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 
-from spemusic.attention import KVCache, linear_attention_step
+from spemusic.attention import KVCache, favor_key_constants, linear_attention_step
 from spemusic.spe import ConvSPE, SineSPE
 
 __all__ = ["State", "StepPlan", "build_plan", "step", "new_stream_states"]
@@ -55,7 +54,7 @@ class StepPlan:
     sine: list | None  # per SPE module: SineStepTables, or None for convSPE
     # scratch rewritten by every step: (n SPE modules, 2, H, 2 or 1, D, R) = [Q̄_t, ε] / [K̄_t, ε]
     code_buf: torch.Tensor | None
-    key_scale: float  # φ(k) = exp(ω·k̂ - key_scale ‖k̂‖² - key_offset) (see attention.favor_key)
+    key_scale: float  # φ(k) = exp(ω·k̂ - key_scale ‖k̂‖² - key_offset) (attention.favor_key_constants)
     key_offset: torch.Tensor  # (1, 1, 1)
 
 
@@ -119,9 +118,9 @@ def build_plan(model, codes, weights_dtype: torch.dtype = torch.float32) -> Step
             if cfg.gated:
                 g = torch.sigmoid(blk.attn.filter.gate)  # (H, D)
                 lp.gate = torch.stack((torch.sqrt(1 - g), torch.sqrt(g)), 1).repeat(2, 1, 1)[:, None]
-    dk = model.blocks[0].attn.dk
-    offset = torch.full((1, 1, 1), math.log(math.sqrt(cfg.n_features)), device=model.device)
-    return StepPlan(weights_dtype, layers, codes, sine, code_buf, 0.5 * dk ** -0.5, offset)
+    key_scale, key_offset = favor_key_constants(model.blocks[0].attn.dk ** -0.5, cfg.n_features)
+    offset = torch.full((1, 1, 1), key_offset, device=model.device)
+    return StepPlan(weights_dtype, layers, codes, sine, code_buf, key_scale, offset)
 
 
 def _write_codes(model, state: State, t: int) -> None:

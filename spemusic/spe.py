@@ -126,7 +126,7 @@ class SineSPE(nn.Module):
     def features(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Trig features at integer positions (T,) -> two (T, H, D, 2K) fp32 (queries, keys; last
         axis [cos, sin] per sine). The gains λ are not applied here: the filter applies them with
-        its gate (``gains2()``), so one unweighted tensor serves every layer."""
+        its gate (``feature_gains()``), so one unweighted tensor serves every layer."""
         f = self.frequencies().double().transpose(1, 2)  # (H, K, D): D innermost, for the filter
         pos = positions.to(device=f.device, dtype=torch.float64)[:, None, None, None]
         base = 2 * math.pi * f * pos  # (T, H, K, D) float64
@@ -134,7 +134,7 @@ class SineSPE(nn.Module):
         # (T, H, K, 2, D) -> views (T, H, D, 2K)
         return tuple(_CosSin.apply(ph).flatten(2, 3).transpose(2, 3) for ph in (phq, phk))
 
-    def gains2(self) -> torch.Tensor:
+    def feature_gains(self) -> torch.Tensor:
         """λ per feature, (H, D, 2K) (each sine's gain for its cos and its sin)."""
         return self.gains.repeat_interleave(2, dim=-1)
 
@@ -162,7 +162,9 @@ class SineSPE(nn.Module):
 
     def context(self, code: SineCode, positions: torch.Tensor) -> "SPEContext":
         fq, fk = self.features(positions)
-        return SPEContext(kind="sine", a_q=fq, a_k=fk, z=code.z, eps=code.eps, gains=self.gains2())
+        z_rows = torch.cat((code.z, code.eps[:, :, None]), 2).transpose(1, 2).reshape(self.n_heads, -1, self.R)
+        return SPEContext(kind="sine", a_q=fq, a_k=fk, z=code.z, eps=code.eps, gains=self.feature_gains(),
+                          z_rows=z_rows)
 
     @staticmethod
     def materialize(ctx: "SPEContext") -> tuple[torch.Tensor, torch.Tensor]:
@@ -312,8 +314,10 @@ class ConvStream:
 class SPEContext:
     """What every layer's SPEFilter needs for one forward (shared across layers).
 
-    sine: a_q, a_k are trig features (T, H, D, 2K), gains λ (H, D, 2K), z (H, D, 2K, R);
-    conv: a_q, a_k are the codes Q̄, K̄ themselves (T, H, D, R), z and gains are None.
+    sine: a_q, a_k are trig features (T, H, D, 2K), gains λ (H, D, 2K), z (H, D, 2K, R), and
+    z_rows = [Z; ε] in the filter's layout (H, (2K+1)·D, R), rows ordered (j, d): without a
+    gate the filter uses the first 2K·D rows;
+    conv: a_q, a_k are the codes Q̄, K̄ themselves (T, H, D, R), z, gains and z_rows are None.
     """
 
     kind: str
@@ -322,6 +326,7 @@ class SPEContext:
     z: torch.Tensor | None
     eps: torch.Tensor
     gains: torch.Tensor | None = None
+    z_rows: torch.Tensor | None = None
 
 
 SINE_TILE_ROWS = 1024  # (batch × positions) rows per tile of the sineSPE filter
@@ -344,8 +349,8 @@ class _CosSin(torch.autograd.Function):
 
 
 class _SineFilter(torch.autograd.Function):
-    """x̂[b, t, h] = Σ_{d, j} x[b, t, h, d] · trig[t, h, d, j] · scale[h, d, j] · zz[h, d, j]
-    (+ Σ_d x[b, t, h, d] · extra[h, d] · zz[h, d, J] when gated: the ε column).
+    """x̂[b, t, h] = Σ_{d, j} x[b, t, h, d] · trig[t, h, d, j] · scale[h, d, j] · zz[h, (j, d)]
+    (+ Σ_d x[b, t, h, d] · extra[h, d] · zz[h, (J, d)] when gated: the ε rows).
 
     Written out by hand so that autograd keeps only x (the projection's output, held anyway), the
     trig features (shared by every layer) and the small scales, not a gated copy of x per layer.
@@ -361,19 +366,13 @@ class _SineFilter(torch.autograd.Function):
         ctx.save_for_backward(x, trig, scale, extra, zz)
         ctx.mm_dtype = mm_dtype
         B, T, H, _ = x.shape
-        zz = _SineFilter._zz(zz, mm_dtype)
+        zz = zz.to(mm_dtype)
         out = x.new_empty(B, H, T, zz.shape[-1], dtype=mm_dtype)
         for t0, t1 in _tiles(B, T):
             p = _SineFilter._x(x, t0, t1) * _SineFilter._feats(trig, scale, extra, t0, t1)[:, None]
             res = torch.bmm(p.to(mm_dtype).view(H, B * (t1 - t0), -1), zz)
             out[:, :, t0:t1] = res.view(H, B, t1 - t0, -1).transpose(0, 1)
         return out.transpose(1, 2)
-
-    @staticmethod
-    def _zz(zz, dtype):
-        """(H, D, J', R) -> (H, J'·D, R), the order of the products' last two axes."""
-        H, D, J, R = zz.shape
-        return zz.transpose(1, 2).reshape(H, J * D, R).to(dtype)
 
     @staticmethod
     def _x(x, t0, t1):
@@ -393,7 +392,7 @@ class _SineFilter(torch.autograd.Function):
         x, trig, scale, extra, zz = ctx.saved_tensors
         B, T, H, D = x.shape
         J = trig.shape[-1]
-        zzt = _SineFilter._zz(zz, ctx.mm_dtype).transpose(1, 2)
+        zzt = zz.to(ctx.mm_dtype).transpose(1, 2)
         grad_x = torch.empty_like(x)
         grad_trig = torch.empty_like(trig) if ctx.needs_input_grad[1] else None
         grad_scale = torch.zeros_like(scale)
@@ -420,7 +419,7 @@ def _tiles(B: int, T: int):
 
 
 def _sine_filter(x, trig, scale, extra, zz) -> torch.Tensor:
-    """x (B, T, H, D), trig (T, H, D, J), scale (H, D, J), extra (H, D, 1) or None, zz (H, D, J[+1], R)
+    """x (B, T, H, D), trig (T, H, D, J), scale (H, D, J), extra (H, D, 1) or None, zz (H, J[+1]·D, R)
     -> (B, T, H, R); see _SineFilter."""
     dev = x.device.type
     mm_dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else torch.float32
@@ -449,11 +448,11 @@ class SPEFilter(nn.Module):
         """q, k: (B, T, H, D) -> q̂, k̂: (B, T, H, R)."""
         if ctx.kind == "sine":
             # gated: [λ√(1-g) per sine feature, √g] scale x's d-th feature against [Z; ε]
-            scale, extra, zz = ctx.gains, None, ctx.z
+            J, D = ctx.a_q.shape[-1], q.shape[-1]
+            scale, extra, zz = ctx.gains, None, ctx.z_rows[:, : J * D]  # Z's rows, before ε's
             if self.gated:
                 g = torch.sigmoid(self.gate)
-                scale, extra = scale * torch.sqrt(1 - g)[..., None], torch.sqrt(g)[..., None]
-                zz = torch.cat((zz, ctx.eps[:, :, None]), 2)
+                scale, extra, zz = scale * torch.sqrt(1 - g)[..., None], torch.sqrt(g)[..., None], ctx.z_rows
             return _sine_filter(q, ctx.a_q, scale, extra, zz), _sine_filter(k, ctx.a_k, scale, extra, zz)
         if self.gated:
             g = torch.sigmoid(self.gate)
