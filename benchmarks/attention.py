@@ -14,7 +14,9 @@ backward + AdamW update. Peak memory = peak RSS of the child process.
 
 Also prints training FLOP utilisation: model FLOPs per token (6 x matmul
 params + attention terms, x3 for forward+backward) x tokens/s divided by a
-measured fp32 matmul peak.
+measured fp32 matmul peak, and (fp32) a ceiling table: spemusic favor's tokens/s if every
+model FLOP ran at that peak, the FLOP utilisation 3x performer-pytorch's speed would need, and the
+rate the model's dense GEMMs themselves reach at the step's shapes.
 
     python benchmarks/attention.py [--lens 512 2048 8192] [--steps 3] [--threads 2]
 """
@@ -108,6 +110,32 @@ def matmul_peak(threads: int) -> float:
     return 2 * 1024**3 * n / (time.perf_counter() - t0) / 1e9
 
 
+def dense_gemm_rate(threads: int, d: int, dff: int, rows: int = TOKENS) -> float:
+    """GFLOP/s of one layer's dense products (qkv, out, FFN in and out) at the step's shapes,
+    forward and both backward products: what GEMM-bound work reaches here in practice."""
+    import torch
+
+    torch.set_num_threads(threads)
+    shapes = [(d, 3 * d), (d, d), (d, dff), (dff, d)]
+    xs = [torch.randn(rows, i) for i, _ in shapes]
+    ws = [torch.randn(o, i) for i, o in shapes]
+
+    def layer():
+        for x, w in zip(xs, ws):
+            y = x @ w.T
+            y @ w  # grad of x
+            y.T @ x  # grad of w
+
+    for _ in range(2):
+        layer()
+    n = 5
+    t0 = time.perf_counter()
+    for _ in range(n):
+        layer()
+    flops = sum(3 * 2 * rows * i * o for i, o in shapes) * n
+    return flops / (time.perf_counter() - t0) / 1e9
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--lens", type=int, nargs="+", default=[512, 1024, 2048, 4096, 8192])
@@ -175,6 +203,21 @@ def main():
             ra, rb = res.get((a, T)), res.get((b, T))
             cells.append(f"{ra[key] / rb[key]:>16.2f}x" if ra and rb else f"{'-':>17}")
         print(f"{T:>5} " + " ".join(cells))
+
+    # How far 3x performer-pytorch is from what the FLOPs allow: the ceiling is spemusic favor's model
+    # FLOPs at the measured peak (MFU 100%); the dense layers' GEMMs are what matmuls reach in practice.
+    if args.precision == "fp32" and any(("spemusic-favor", T) in res and ("performer-pytorch", T) in res
+                                        for T in args.lens):
+        dense = dense_gemm_rate(args.threads, args.d_model, args.d_ff)
+        print(f"\nceiling: one layer's dense GEMMs (forward + backward, {TOKENS} rows) run at {dense:.0f} GFLOP/s "
+              f"= {dense / peak:.0%} of the matmul peak, in fp32")
+        print(f"{'len':>5} {'favor tok/s':>12} {'at 100% MFU':>12} {'3x perf':>9} {'MFU needed':>11}")
+        for T in args.lens:
+            f, pp = res.get(("spemusic-favor", T)), res.get(("performer-pytorch", T))
+            if f and pp:
+                ceiling = f["tok_s"] / f["mfu"]
+                print(f"{T:>5} {f['tok_s']:>12.0f} {ceiling:>12.0f} {3 * pp['tok_s']:>9.0f} "
+                      f"{3 * pp['tok_s'] / ceiling:>11.0%}")
 
 
 if __name__ == "__main__":
