@@ -46,11 +46,14 @@ def shipped_checkpoint_dirs() -> list[Path]:
 
 
 def available_models() -> dict[str, Path]:
+    """Model name -> the folder holding its weights: checkpoint folders, and run folders (their
+    `best`, else `last`) directly inside the checkpoint directories."""
     found: dict[str, Path] = {}
     for root in shipped_checkpoint_dirs():
         for d in sorted(root.iterdir()):
-            if (d / WEIGHTS).is_file() and d.name not in found:
-                found[d.name] = d
+            folder = next((c for c in (d, d / "best", d / "last") if (c / WEIGHTS).is_file()), None)
+            if folder is not None and d.name not in found:
+                found[d.name] = folder
     return found
 
 

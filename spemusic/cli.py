@@ -23,8 +23,10 @@ from .errors import SpemusicError
 app = typer.Typer(
     help="Symbolic music generation with long-context Performers and Stochastic Positional Encoding.\n\n"
          "Make music with the shipped model:  spemusic generate --length 4096 -o song.mid",
-    no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False, rich_markup_mode="rich")
-data_app = typer.Typer(help="Prepare token caches of MIDI collections.", no_args_is_help=True)
+    no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False, rich_markup_mode="rich",
+    context_settings={"help_option_names": ["-h", "--help"]})
+data_app = typer.Typer(help="Prepare token caches of MIDI collections.", no_args_is_help=True,
+                       context_settings={"help_option_names": ["-h", "--help"]})
 app.add_typer(data_app, name="data")
 err = Console(stderr=True, soft_wrap=True)
 out = Console()
@@ -42,8 +44,25 @@ def _root(version: bool = typer.Option(False, "--version", callback=_version, is
     pass
 
 
+class _LazyProgress(Progress):
+    """A progress display that starts drawing at its first task, so that an error raised before
+    (a bad path, say) is not preceded by an empty progress line."""
+
+    def __enter__(self) -> "_LazyProgress":
+        return self
+
+    def add_task(self, *args, **kwargs):
+        if not self.live.is_started:
+            self.start()
+        return super().add_task(*args, **kwargs)
+
+    def __exit__(self, *exc) -> None:
+        if self.live.is_started:  # (Progress.stop prints a newline when not on a terminal)
+            self.stop()
+
+
 def _progress(*columns, disable: bool = False) -> Progress:
-    return Progress(*columns, console=err, disable=disable, transient=False)
+    return _LazyProgress(*columns, console=err, disable=disable, transient=False)
 
 
 # ----------------------------------------------------------------------------- tokenize / detokenize
@@ -65,26 +84,36 @@ def _expand_inputs(inputs: List[Path], suffixes: set[str]) -> tuple[list[tuple[P
     return pairs, folder_mode
 
 
-def _convert_many(inputs, output, suffixes, new_suffix, convert, what: str) -> None:
+def _convert_many(inputs, output, suffixes, new_suffix, convert, what: str, overwrite: bool) -> None:
+    from .files import check_output_file, check_output_folder
+
     pairs, folder_mode = _expand_inputs(inputs, suffixes)
     if not folder_mode:
         src = pairs[0][0]
         dest = output or src.with_suffix(new_suffix)
         if dest.is_dir():
             dest = dest / (src.stem + new_suffix)
+        if dest.resolve() == src.resolve():
+            raise SpemusicError(f"{dest}: is the input itself; give another -o")
+        check_output_file(dest, overwrite)
         convert(src, dest)
         err.print(f"{what} {src} -> {dest}")
         return
     if output is None:
         raise SpemusicError("several inputs or a folder: give -o OUTPUT_FOLDER")
-    if output.exists() and not output.is_dir():
-        raise SpemusicError(f"{output}: exists and is not a folder")
+    check_output_folder(output)
+    jobs = []
+    for src, base in pairs:
+        rel = src.relative_to(base) if base in src.parents else Path(src.name)
+        jobs.append((src, output / rel.with_suffix(new_suffix)))
+    existing = [dest for _, dest in jobs if dest.exists()]
+    if existing and not overwrite:
+        raise SpemusicError(f"{len(existing)} of the {len(jobs)} outputs already exist in {output} (first: "
+                            f"{existing[0]}); use --overwrite to replace them")
     failures = []
     with _progress(TextColumn(f"[bold]{what}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()) as progress:
         task = progress.add_task(what, total=len(pairs))
-        for src, base in pairs:
-            rel = src.relative_to(base) if base in src.parents else Path(src.name)
-            dest = output / rel.with_suffix(new_suffix)
+        for src, dest in jobs:
             dest.parent.mkdir(parents=True, exist_ok=True)
             try:
                 convert(src, dest)
@@ -92,7 +121,7 @@ def _convert_many(inputs, output, suffixes, new_suffix, convert, what: str) -> N
                 failures.append(str(e))
             progress.advance(task)
     for f in failures:
-        err.print(f"[yellow]skipped[/] {escape(f)}", highlight=False)
+        err.print(f"[yellow]skipped:[/] {escape(f)}", highlight=False)
     err.print(f"{len(pairs) - len(failures)} of {len(pairs)} files written to {output}"
               + (f", {len(failures)} skipped" if failures else ""))
 
@@ -106,7 +135,9 @@ def _write_text_atomically(text: str, dest: Path) -> None:
 @app.command()
 def tokenize(
     inputs: List[Path] = typer.Argument(..., help="MIDI files or folders (searched recursively)."),
-    output: Optional[Path] = typer.Option(None, "-o", "--output", help="Output .txt file, or folder for several inputs."),
+    output: Optional[Path] = typer.Option(None, "-o", "--output", help="Output .txt file, or folder for several "
+                                          "inputs. \\[default: the input's name with .txt, next to it]"),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace existing output files."),
 ):
     """Turn MIDI files into readable REMI tokens, one per line.
 
@@ -124,13 +155,15 @@ def tokenize(
         ids = tok.encode(src)
         _write_text_atomically("\n".join(tok.ids_to_tokens(ids)) + "\n", dest)
 
-    _convert_many(inputs, output, {".mid", ".midi"}, ".txt", convert, "tokenized")
+    _convert_many(inputs, output, {".mid", ".midi"}, ".txt", convert, "tokenized", overwrite)
 
 
 @app.command()
 def detokenize(
     inputs: List[Path] = typer.Argument(..., help="Token files (.txt, one token per line) or folders."),
-    output: Optional[Path] = typer.Option(None, "-o", "--output", help="Output .mid file, or folder for several inputs."),
+    output: Optional[Path] = typer.Option(None, "-o", "--output", help="Output .mid file, or folder for several "
+                                          "inputs. \\[default: the input's name with .mid, next to it]"),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace existing output files."),
 ):
     """Turn readable REMI tokens back into MIDI files.
 
@@ -140,24 +173,32 @@ def detokenize(
 
     spemusic detokenize my_tokens/ -o my_midis_again/
     """
+    from .grammar import REMIGrammar
     from .tokenizer import REMITokenizer
 
     tok = REMITokenizer()
+    grammar = REMIGrammar(tok, strict_order=False)  # the decoder takes a Position's notes in any order
 
     def convert(src: Path, dest: Path) -> None:
         try:
-            lines = [line.strip() for line in src.read_text().splitlines() if line.strip()]
+            numbered = [(n, line.strip()) for n, line in enumerate(src.read_text().splitlines(), 1) if line.strip()]
         except UnicodeDecodeError:
             raise SpemusicError(f"{src}: not a token text file (binary content)") from None
-        if not lines:
+        if not numbered:
             raise SpemusicError(f"{src}: empty token file")
         try:
-            ids = tok.tokens_to_ids(lines)
+            ids = tok.tokens_to_ids([t for _, t in numbered])
         except (ValueError, KeyError) as e:
             raise SpemusicError(f"{src}: {e}") from None
+        bad = grammar.first_violation(ids)
+        if bad is not None:
+            # the decoder skips what does not form a note: say so rather than drop notes silently
+            line, token = numbered[bad]
+            err.print(f"[yellow]warning:[/] {escape(str(src))}: line {line} ({escape(token)}) breaks the REMI "
+                      "grammar; tokens that do not form a note there are skipped", highlight=False)
         tok.write_midi(ids, dest)
 
-    _convert_many(inputs, output, {".txt"}, ".mid", convert, "detokenized")
+    _convert_many(inputs, output, {".txt"}, ".mid", convert, "detokenized", overwrite)
 
 
 # ----------------------------------------------------------------------------- data prepare
@@ -168,7 +209,7 @@ def data_prepare(
     output: Path = typer.Option(..., "-o", "--output", help="Cache folder to write."),
     split_csv: Optional[Path] = typer.Option(None, "--split-csv", help="CSV with midi_filename and split columns "
                                              "(default: MIDI_DIR/info.csv when present, else a hash of the path)."),
-    workers: int = typer.Option(0, "--workers", help="Tokenizer processes (0: one per CPU core)."),
+    workers: int = typer.Option(0, "--workers", min=0, help="Tokenizer processes (0: one per CPU core)."),
 ):
     """Tokenize a MIDI collection into a compact cache with train/valid/test splits.
 
@@ -177,7 +218,12 @@ def data_prepare(
     spemusic data prepare ../shared/data/pop909 -o cache/pop909
     """
     from .data import prepare
+    from .files import check_output_folder
 
+    if not midi_dir.is_dir():  # checked here too, so that the error is not printed under an empty progress bar
+        raise SpemusicError(f"{midi_dir}: {'not a folder' if midi_dir.exists() else 'no such folder'} "
+                            "(give a folder of MIDI files)")
+    check_output_folder(output)
     with _progress(TextColumn("[bold]tokenizing"), BarColumn(), MofNCompleteColumn(), TextColumn("files"),
                    TimeElapsedColumn(), TimeRemainingColumn()) as progress:
         t0 = time.perf_counter()
@@ -246,32 +292,32 @@ def train(
     data: Optional[Path] = typer.Argument(None, help="Folder of MIDI files, or a cache from `spemusic data prepare`."),
     output: Optional[Path] = typer.Option(None, "-o", "--output", help="Run folder: checkpoints, metrics.jsonl."),
     config: Optional[Path] = typer.Option(None, "--config", help="TOML file of training options (CLI options override it)."),
-    preset: Optional[Preset] = typer.Option(None, help="Model size. [default: small]"),
-    pe: Optional[PE] = typer.Option(None, "--pe", help="Positional encoding. [default: sinespe]"),
-    gated: Optional[bool] = typer.Option(None, "--gated/--no-gated", help="Gated SPE. [default: gated]"),
-    attention: Optional[Attention] = typer.Option(None, help="favor (linear) or softmax (quadratic baseline). [default: favor]"),
-    seq_len: Optional[int] = typer.Option(None, help="Training window in tokens. [default: 1024]"),
-    batch_size: Optional[int] = typer.Option(None, help="Sequences per micro-batch, all processes together. [default: 8]"),
-    grad_accum: Optional[int] = typer.Option(None, help="Micro-batches per optimizer step. [default: 1]"),
+    preset: Optional[Preset] = typer.Option(None, help="Model size. \\[default: small]"),
+    pe: Optional[PE] = typer.Option(None, "--pe", help="Positional encoding. \\[default: sinespe]"),
+    gated: Optional[bool] = typer.Option(None, "--gated/--no-gated", help="Gated SPE. \\[default: gated]"),
+    attention: Optional[Attention] = typer.Option(None, help="favor (linear) or softmax (quadratic baseline). \\[default: favor]"),
+    seq_len: Optional[int] = typer.Option(None, help="Training window in tokens. \\[default: 1024]"),
+    batch_size: Optional[int] = typer.Option(None, help="Sequences per micro-batch, all processes together. \\[default: 8]"),
+    grad_accum: Optional[int] = typer.Option(None, help="Micro-batches per optimizer step. \\[default: 1]"),
     steps: Optional[int] = typer.Option(None, help="Optimizer steps."),
     epochs: Optional[float] = typer.Option(None, help="Passes over the train split's tokens (instead of --steps)."),
-    lr: Optional[float] = typer.Option(None, help="Peak learning rate. [default: 1e-3]"),
-    warmup: Optional[int] = typer.Option(None, help="Linear warmup steps, then cosine decay. [default: 100]"),
-    weight_decay: Optional[float] = typer.Option(None, help="AdamW weight decay. [default: 0.1]"),
-    feature_redraw: Optional[int] = typer.Option(None, help="Redraw FAVOR+ features every N steps (0: never). [default: 1000]"),
-    val_every: Optional[int] = typer.Option(None, help="Validate every N steps. [default: 200]"),
-    save_every: Optional[int] = typer.Option(None, help="Save `last` every N steps. [default: 200]"),
-    log_every: Optional[int] = typer.Option(None, help="Write metrics.jsonl every N steps. [default: 10]"),
-    device: Optional[str] = typer.Option(None, help="auto, cpu or cuda. [default: auto]"),
-    precision: Optional[Precision] = typer.Option(None, help="auto: bf16 on GPUs and on CPUs with AMX/AVX512-BF16, else fp32. [default: auto]"),
-    compile: Optional[bool] = typer.Option(None, "--compile/--no-compile", help="torch.compile the model. [default: no]"),
+    lr: Optional[float] = typer.Option(None, help="Peak learning rate. \\[default: 1e-3]"),
+    warmup: Optional[int] = typer.Option(None, help="Linear warmup steps, then cosine decay. \\[default: 100]"),
+    weight_decay: Optional[float] = typer.Option(None, help="AdamW weight decay. \\[default: 0.1]"),
+    feature_redraw: Optional[int] = typer.Option(None, help="Redraw FAVOR+ features every N steps (0: never). \\[default: 1000]"),
+    val_every: Optional[int] = typer.Option(None, help="Validate every N steps. \\[default: 200]"),
+    save_every: Optional[int] = typer.Option(None, help="Save `last` every N steps. \\[default: 200]"),
+    log_every: Optional[int] = typer.Option(None, help="Write metrics.jsonl every N steps. \\[default: 10]"),
+    device: Optional[str] = typer.Option(None, help="auto, cpu or cuda. \\[default: auto]"),
+    precision: Optional[Precision] = typer.Option(None, help="auto: bf16 on GPUs and on CPUs with AMX/AVX512-BF16, else fp32. \\[default: auto]"),
+    compile: Optional[bool] = typer.Option(None, "--compile/--no-compile", help="torch.compile the model. \\[default: no]"),
     checkpoint_activations: Optional[bool] = typer.Option(
         None, "--checkpoint-activations/--no-checkpoint-activations",
         help="Recompute each block's activations in the backward pass: much less memory for long "
-             "sequences, about a third more compute. [default: no]"),
-    seed: Optional[int] = typer.Option(None, help="Random seed. [default: 0]"),
+             "sequences, about a third more compute. \\[default: no]"),
+    seed: Optional[int] = typer.Option(None, help="Random seed. \\[default: 0]"),
     max_len: Optional[int] = typer.Option(None, "--max-len", help="Longest sequence of an absolute PE (ape, "
-                                          "sinusoidal, axial) at generation/eval; SPE has no limit. [default: max(seq-len, 2048)]"),
+                                          "sinusoidal, axial) at generation/eval; SPE has no limit. \\[default: max(seq-len, 2048)]"),
     init_from: Optional[str] = typer.Option(None, "--init-from", help="Fine-tune: start from this model (a shipped "
                                             "name or a checkpoint), with its size, PE and tokenizer."),
     resume: Optional[Path] = typer.Option(None, "--resume", help="Continue the run in this folder where it stopped."),
@@ -300,6 +346,12 @@ def train(
         seed=seed, max_len=max_len,
         init_from=init_from).items() if v is not None}
     if resume is not None:
+        # a resumed run keeps its own options (they are in RUN/run.json); only its length may grow
+        ignored = [f"--{k.replace('_', '-')}" for k in given if k != "steps"]
+        ignored += [name for name, v in (("DATA", data), ("-o", output), ("--config", config)) if v is not None]
+        if ignored:
+            raise SpemusicError(f"--resume continues {resume} with its own options; drop {', '.join(ignored)} "
+                                "(only --steps and --stop-after apply)")
         run_training(TrainConfig(steps=given.get("steps", 0)), resume, resume=True, stop_after=stop_after, console=err)
         return
     options: dict = {}
@@ -368,26 +420,38 @@ def _run_sampling(model, tok, *, num, length, bars, prompt, options, seed, weigh
 
         previous = signal.signal(signal.SIGINT, on_sigint)
         try:
-            return sample(model, tok, num=num, length=length, bars=bars, prompt=prompt, options=options,
-                          seed=seed, on_token=on_token, should_stop=stop.is_set, weights_dtype=weights_dtype)
+            result = sample(model, tok, num=num, length=length, bars=bars, prompt=prompt, options=options,
+                            seed=seed, on_token=on_token, should_stop=stop.is_set, weights_dtype=weights_dtype)
         finally:
             signal.signal(signal.SIGINT, previous)
+        progress.update(task, completed=result.new_tokens, total=total or result.new_tokens)
+        return result
 
 
-def _report(paths_ids, result, seed, as_json, tok, midis):
-    from .generate import count_bars, midi_stats
+def _report(rows, result, seed, as_json, midis, prompt_bars: int, only_continuation: bool, by_length: bool):
+    """One line (or JSON object) per file written. rows: (path, new tokens kept, new bars). by_length:
+    every piece sampled result.new_tokens tokens (--length), of which the unfinished last bar is dropped."""
+    from .generate import midi_stats
 
-    tps = result.new_tokens * len(paths_ids) / max(result.wall_seconds, 1e-9)
-    for (path, ids, new_tokens), midi in zip(paths_ids, midis):
+    tps = result.new_tokens * len(rows) / max(result.wall_seconds, 1e-9)
+    for (path, new_tokens, new_bars), midi in zip(rows, midis):
         notes, seconds = midi_stats(midi)
-        record = {"file": str(path), "tokens": int(new_tokens), "bars": count_bars(ids, tok), "notes": notes,
-                  "music_seconds": round(seconds, 3), "wall_seconds": round(result.wall_seconds, 3),
+        file_bars = new_bars if only_continuation else prompt_bars + new_bars
+        record = {"file": str(path), "tokens": int(new_tokens), "bars": file_bars, "new_bars": new_bars,
+                  "notes": notes, "music_seconds": round(seconds, 3), "wall_seconds": round(result.wall_seconds, 3),
                   "tokens_per_s": round(tps, 1), "seed": seed}
         if as_json:
             print(json.dumps(record), flush=True)
         else:
-            err.print(f"wrote {path}: {record['bars']} bars, {notes} notes, {seconds:.1f} s of music "
-                      f"({new_tokens} tokens at {tps:,.0f} tok/s)", highlight=False)
+            bars = f"{file_bars} bar{'s' * (file_bars != 1)}" + (
+                f" ({prompt_bars} of the prompt, {new_bars} new)" if file_bars != new_bars else "")
+            dropped = result.new_tokens - new_tokens if by_length else 0
+            err.print(f"wrote {path}: {bars}, {notes} notes, {seconds:.1f} s of music ({new_tokens} new tokens at "
+                      f"{tps:,.0f} tok/s" + (f"; the unfinished last bar's {dropped} dropped" if dropped > 0 else "")
+                      + ")", highlight=False)
+        if new_bars == 0 or notes == 0:
+            err.print(f"[yellow]warning:[/] {escape(str(path))}: no new notes: {result.new_tokens} tokens did not "
+                      "complete a bar with notes; give a larger --length, or --bars", highlight=False)
 
 
 @app.command()
@@ -400,7 +464,8 @@ def generate(
     top_p: float = typer.Option(0.95, "--top-p", help="Nucleus sampling mass in (0, 1]; 1 turns it off."),
     top_k: int = typer.Option(0, "--top-k", help="Keep the K most likely tokens; 0 turns it off."),
     seed: int = typer.Option(0, help="Random seed: same seed, options and model give the same file."),
-    output: Path = typer.Option(Path("generated.mid"), "-o", "--output", help="Output .mid (OUT-1.mid … with --num)."),
+    output: str = typer.Option("generated.mid", "-o", "--output", help="Output .mid (OUT-1.mid … with --num), or a "
+                               "folder (an existing one, or a name ending in /) for piece.mid, piece-1.mid …"),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace existing output files."),
     device: str = typer.Option("cpu", help="cpu or cuda."),
     precision: StepPrecision = typer.Option(StepPrecision.auto, help=STEP_PRECISION_HELP),
@@ -425,7 +490,7 @@ def generate(
 def continue_(
     prompt: Path = typer.Argument(..., help="MIDI file to continue."),
     model: Optional[str] = typer.Option(None, "--model", "-m", help="Model name or checkpoint path "
-                                        "[default: groove for a drums-only prompt, else pop-piano]."),
+                                        "\\[default: groove for a drums-only prompt, else pop-piano]."),
     prompt_bars: Optional[int] = typer.Option(None, "--prompt-bars", help="Use only the first N bars of the prompt."),
     length: Optional[int] = typer.Option(None, "--length", "-n", help="Tokens to add."),
     bars: Optional[int] = typer.Option(None, "--bars", help="Bars to add (instead of --length)."),
@@ -434,7 +499,8 @@ def continue_(
     top_p: float = typer.Option(0.95, "--top-p", help="Nucleus sampling mass in (0, 1]; 1 turns it off."),
     top_k: int = typer.Option(0, "--top-k", help="Keep the K most likely tokens; 0 turns it off."),
     seed: int = typer.Option(0, help="Random seed."),
-    output: Optional[Path] = typer.Option(None, "-o", "--output", help="Output .mid [default: PROMPT-continued.mid]."),
+    output: Optional[str] = typer.Option(None, "-o", "--output", help="Output .mid (OUT-1.mid … with --num), or a "
+                                         "folder. \\[default: PROMPT-continued.mid in the current folder]"),
     only_continuation: bool = typer.Option(False, "--only-continuation", help="Write only the new bars."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace existing output files."),
     device: str = typer.Option("cpu", help="cpu or cuda."),
@@ -463,7 +529,7 @@ def _generate_or_continue(model_name, prompt_path, prompt_bars, length, bars, nu
 
     from .checkpoint import load_model
     from .files import write_atomically
-    from .generate import load_prompt, merge_continuation, midi_bytes, output_paths
+    from .generate import count_bars, load_prompt, merge_continuation, midi_bytes, output_paths
     from .sampling import SamplingOptions
     from .tokenizer import REMITokenizer
 
@@ -494,18 +560,15 @@ def _generate_or_continue(model_name, prompt_path, prompt_bars, length, bars, nu
                            weights_dtype={"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}.get(
                                precision.value),  # auto: None, the sampler picks
                            quiet=as_json and not sys.stderr.isatty())
+    prompt_len = 1 if prompt is None else len(prompt.ids)  # BOS, or the prompt's tokens
+    prompt_bars = 0 if prompt is None else count_bars(prompt.ids, tok)
     midis, rows = [], []
     for path, ids in zip(paths, result.ids):
-        if prompt is None:
-            midi = tok.decode(ids)
-            new_tokens = len(ids) - 2
-        else:
-            midi = merge_continuation(prompt, ids, tok, only_continuation)
-            new_tokens = len(ids) - len(prompt.ids) - 1
+        midi = tok.decode(ids) if prompt is None else merge_continuation(prompt, ids, tok, only_continuation)
         write_atomically(midi_bytes(midi), path)
         midis.append(midi)
-        rows.append((path, ids, new_tokens))
-    _report(rows, result, seed, as_json, tok, midis)
+        rows.append((path, len(ids) - prompt_len - 1, count_bars(ids, tok) - prompt_bars))  # - EOS
+    _report(rows, result, seed, as_json, midis, prompt_bars, only_continuation, by_length=bars is None)
     if result.interrupted:
         err.print("interrupted: wrote the music generated so far")
         raise typer.Exit(130)
@@ -537,14 +600,14 @@ def models():
 
 @app.command("eval")
 def eval_(
-    args: List[str] = typer.Argument(..., help="MODEL [MODEL …] DATA: models (names or checkpoints) then a MIDI "
+    args: List[str] = typer.Argument(..., help="MODEL \\[MODEL …] DATA: models (names or checkpoints) then a MIDI "
                                      "folder or data cache; with --metrics: MIDI files or folders."),
     split: str = typer.Option("valid", help="train, valid, test, or all (a plain folder of MIDI files)."),
     max_len: int = typer.Option(2048, "--max-len", help="Score positions 0 … N of each piece."),
     bucket: int = typer.Option(128, help="Positions per bucket in the table, JSON and plot."),
-    max_pieces: int = typer.Option(0, "--max-pieces", help="Score only the first N pieces (0: all)."),
+    max_pieces: int = typer.Option(0, "--max-pieces", min=0, help="Score only the first N pieces (0: all)."),
     json_path: Optional[Path] = typer.Option(None, "--json", help="Write the figures as JSON."),
-    plot: Optional[Path] = typer.Option(None, "--plot", help="Write a PNG of NLL against position."),
+    plot: Optional[Path] = typer.Option(None, "--plot", help="Write a plot of NLL against position (.png, .svg or .pdf)."),
     metrics: bool = typer.Option(False, "--metrics", help="Music metrics of MIDI files instead of model NLL."),
     reference: Optional[Path] = typer.Option(None, "--reference", help="With --metrics: real MIDI to compare with."),
     seed: int = typer.Option(0, help="SPE draw used for scoring."),
@@ -560,11 +623,23 @@ def eval_(
 
     spemusic eval --metrics generated/ --reference ../shared/data/pop909
     """
+    from .files import check_output_file
+
+    if json_path is not None:
+        check_output_file(json_path, option="--json")
     if metrics:
+        if plot is not None:
+            raise SpemusicError("--plot draws NLL by position; it does not apply to --metrics")
         _eval_metrics(args, reference, json_path)
         return
+    if reference is not None:
+        raise SpemusicError("--reference compares music metrics; use it with --metrics")
     from .checkpoint import load_model
-    from .evaluate import evaluate_nll, plot_reports
+    from .evaluate import evaluate_nll, plot_format, plot_reports
+
+    if plot is not None:
+        plot_format(plot)
+        check_output_file(plot, option="--plot")
 
     if len(args) < 2:
         raise SpemusicError("give MODEL [MODEL …] DATA")
@@ -612,7 +687,10 @@ def _eval_metrics(args: List[str], reference: Optional[Path], json_path: Optiona
         columns["reference"] = collection_summary([p for p, _ in ref_pairs], tok)
     for name, (means, skipped) in columns.items():
         if not means:
-            raise SpemusicError(f"{name}: no readable MIDI file ({len(skipped)} skipped)")
+            raise SpemusicError(f"{name}: no readable MIDI file ({len(skipped)} skipped; first: {skipped[0]})"
+                                if skipped else f"{name}: no MIDI file")
+        for reason in skipped:
+            err.print(f"[yellow]skipped:[/] {escape(reason)}", highlight=False)
     table = Table(title="music metrics (means over files)")
     table.add_column("metric")
     for name in columns:
@@ -623,21 +701,37 @@ def _eval_metrics(args: List[str], reference: Optional[Path], json_path: Optiona
         vals = [columns[n][0][key] for n in columns]
         row = [f"{v:.0f}" if key == "files" else f"{v:.3f}" for v in vals]
         if len(vals) == 2:
-            row.append(f"{vals[0] / vals[1]:.2f}" if vals[1] else "-")
+            row.append(f"{vals[0] / vals[1]:.2f}" if vals[1] and key != "files" else "")
         table.add_row(key, *row)
     out.print(table)
     if json_path is not None:
         from .files import write_atomically
 
         write_atomically(json.dumps({n: c[0] for n, c in columns.items()}, indent=2).encode(), json_path)
+        err.print(f"wrote {json_path}")
 
 
 def main() -> None:
     """Entry point: user errors become one line on stderr and a non-zero exit, never a traceback."""
     # a closed stdout (e.g. `| head`) must not print a traceback either
     signal.signal(signal.SIGPIPE, signal.SIG_DFL) if hasattr(signal, "SIGPIPE") else None
+    # typer may vendor its own click: take its usage-error class from an exception it exports
+    usage_error = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError")
     try:
-        app()
+        code = app(standalone_mode=False)  # usage errors come back here, to be printed on one line
+        sys.exit(code if isinstance(code, int) else 0)
+    except usage_error as e:
+        if type(e).__name__ == "NoArgsIsHelpError":  # `spemusic` or `spemusic data` alone: the help
+            text = e.ctx.get_help()  # typer's rich help prints itself and returns ""
+            if text:
+                print(text)
+            sys.exit(0)
+        command = e.ctx.command_path if e.ctx else "spemusic"
+        err.print(f"[bold red]error:[/] {escape(e.format_message())} (see {escape(command)} --help)", highlight=False)
+        sys.exit(e.exit_code)
+    except typer.Abort:
+        err.print("interrupted")
+        sys.exit(130)
     except SpemusicError as e:
         err.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False)
         sys.exit(1)

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from .errors import MidiError, SpemusicError
-from .files import write_atomically
+from .files import check_output_folder, write_atomically
 from .tokenizer import REMITokenizer, TokenizerConfig
 
 SPLITS = ("train", "valid", "test")
@@ -143,7 +143,9 @@ def prepare(
     midi_dir, cache_dir = Path(midi_dir), Path(cache_dir)
     config = config or TokenizerConfig()
     if not midi_dir.is_dir():
-        raise SpemusicError(f"{midi_dir}: no such folder")
+        raise SpemusicError(f"{midi_dir}: {'not a folder' if midi_dir.exists() else 'no such folder'} "
+                            "(give a folder of MIDI files)")
+    check_output_folder(cache_dir, option="cache")
     files = find_midi_files(midi_dir)
     if not files:
         raise SpemusicError(f"{midi_dir}: no MIDI files (.mid, .midi) found")

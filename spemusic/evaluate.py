@@ -92,6 +92,17 @@ def evaluate_nll(model: Performer, tokenizer: REMITokenizer, data: Path, split: 
     return NLLReport(name, float(nll_sum.sum() / total), trained_len, buckets, len(sequences))
 
 
+PLOT_FORMATS = ("png", "svg", "pdf")
+
+
+def plot_format(path) -> str:
+    """The image format a --plot path asks for, by its suffix."""
+    fmt = Path(path).suffix.lower().lstrip(".")
+    if fmt not in PLOT_FORMATS:
+        raise SpemusicError(f"--plot {path}: give a .png, .svg or .pdf file")
+    return fmt
+
+
 def plot_reports(reports: list[NLLReport], path: Path) -> None:
     """NLL against position, one curve per model, the trained lengths marked."""
     try:
@@ -118,6 +129,6 @@ def plot_reports(reports: list[NLLReport], path: Path) -> None:
     import io
 
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=120)
+    fig.savefig(buf, format=plot_format(path), dpi=120)
     plt.close(fig)
     write_atomically(buf.getvalue(), Path(path))

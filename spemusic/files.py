@@ -1,5 +1,5 @@
-"""Atomic file writing: a temporary file in the same folder, then os.replace, so a reader (or a
-kill) never sees a half-written file."""
+"""Output files: checked before any work is done, then written atomically (a temporary file in
+the same folder, then os.replace), so a reader (or a kill) never sees a half-written file."""
 
 from __future__ import annotations
 
@@ -7,10 +7,43 @@ import os
 import tempfile
 from pathlib import Path
 
+from .errors import SpemusicError
+
+
+def check_output_file(path: str | Path, overwrite: bool = True, option: str = "") -> Path:
+    """Refuse, before the work that produces it, an output file that cannot be written: its folder
+    missing or read-only, a folder in its place, or (without ``overwrite``) an existing file."""
+    path = Path(path)
+    label = f"{option} {path}" if option else str(path)
+    if path.is_dir():
+        raise SpemusicError(f"{label}: is a folder; give a file name")
+    if path.exists() and not overwrite:
+        raise SpemusicError(f"{label}: already exists (use --overwrite to replace it)")
+    parent = path.parent
+    if not parent.is_dir():
+        raise SpemusicError(f"{label}: cannot write: folder {parent} does not exist")
+    if not os.access(parent, os.W_OK):
+        raise SpemusicError(f"{label}: cannot write: folder {parent} is not writable")
+    return path
+
+
+def check_output_folder(path: str | Path, option: str = "-o") -> Path:
+    """An output folder may exist (as a folder) or be created under an existing, writable parent."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise SpemusicError(f"{option} {path}: exists and is not a folder")
+    existing = next(p for p in (path, *path.parents) if p.exists())
+    if not existing.is_dir() or not os.access(existing, os.W_OK):
+        raise SpemusicError(f"{option} {path}: cannot write: folder {existing} is not writable")
+    return path
+
 
 def write_atomically(data: bytes, path: str | Path) -> None:
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as e:  # name the file the user asked for, not the temporary one
+        raise SpemusicError(f"{path}: cannot write ({e.strerror})") from None
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
@@ -18,6 +51,9 @@ def write_atomically(data: bytes, path: str | Path) -> None:
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600 files; outputs get the usual permissions
         os.replace(tmp, path)
+    except OSError as e:
+        Path(tmp).unlink(missing_ok=True)
+        raise SpemusicError(f"{path}: cannot write ({e.strerror})") from None
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise

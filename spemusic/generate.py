@@ -11,14 +11,20 @@ import miditoolkit
 import numpy as np
 
 from .errors import MidiError, SpemusicError
+from .files import check_output_file, check_output_folder
 from .grammar import REMIGrammar
 from .tokenizer import REMITokenizer
 
 
-def output_paths(out: Path, num: int, overwrite: bool) -> list[Path]:
-    """OUT.mid for one piece; OUT-1.mid … OUT-K.mid for K (or piece-i.mid inside an existing folder).
-    Refuses, before any sampling, outputs that exist (without --overwrite) or cannot be written."""
+def output_paths(out: str | Path, num: int, overwrite: bool) -> list[Path]:
+    """OUT.mid for one piece; OUT-1.mid … OUT-K.mid for K (or piece-i.mid inside a folder: an
+    existing one, or OUT/ with a trailing slash, created). Refuses, before any sampling, outputs
+    that exist (without --overwrite) or cannot be written."""
+    as_folder = str(out).endswith(("/", os.sep))
     out = Path(out)
+    if as_folder and not out.is_dir():
+        check_output_folder(out)
+        out.mkdir(parents=True)
     if out.is_dir():
         paths = [out / f"piece-{i + 1}.mid" for i in range(num)] if num > 1 else [out / "piece.mid"]
     elif num > 1:
@@ -26,13 +32,7 @@ def output_paths(out: Path, num: int, overwrite: bool) -> list[Path]:
     else:
         paths = [out if out.suffix else out.with_suffix(".mid")]
     for p in paths:
-        if p.exists() and not overwrite:
-            raise SpemusicError(f"{p}: already exists (use --overwrite to replace it)")
-        parent = p.parent
-        if not parent.is_dir():
-            raise SpemusicError(f"{p}: cannot write: folder {parent} does not exist")
-        if not os.access(parent, os.W_OK):
-            raise SpemusicError(f"{p}: cannot write: folder {parent} is not writable")
+        check_output_file(p, overwrite)
     return paths
 
 
@@ -107,20 +107,42 @@ def load_prompt(path: Path, tokenizer: REMITokenizer, prompt_bars: int | None = 
     if prompt_bars is not None and prompt_bars < len(bar_idx):
         ids = ids[: bar_idx[prompt_bars]]
         end_beats = starts[prompt_bars]
-        cut = round(end_beats * midi.ticks_per_beat)
-        for inst in midi.instruments:
-            inst.notes = [n for n in inst.notes if n.start < cut]
-        midi.instruments = [i for i in midi.instruments if i.notes]
-        midi.tempo_changes = [t for t in midi.tempo_changes if t.time < cut] or midi.tempo_changes[:1]
-        midi.time_signature_changes = [t for t in midi.time_signature_changes if t.time < cut] or midi.time_signature_changes[:1]
     else:
         # the last bar runs to its end: its length follows the time signature in force
         bars = bar_start_beats(np.concatenate([ids, [tokenizer.bar_id]]), tokenizer)
         end_beats = bars[-1]
+    _clip_midi(midi, round(end_beats * midi.ticks_per_beat))
     if not any(i.notes for i in midi.instruments):
         raise MidiError(f"{path}: no notes in the prompt")
     only_drums = all(i.is_drum for i in midi.instruments if i.notes)
     return Prompt(midi, np.asarray(ids, dtype=np.int64), end_beats, only_drums)
+
+
+SUSTAIN = 64  # the sustain pedal's controller number
+
+
+def _clip_midi(midi: miditoolkit.MidiFile, cut: int) -> None:
+    """Keep what starts before tick ``cut`` (notes, controllers, pitch bends, tempo, meter, keys,
+    markers, lyrics): the continuation follows from there. A sustain pedal still down at the cut
+    is released there, so it does not hold the continuation's notes."""
+    for inst in midi.instruments:
+        inst.notes = [n for n in inst.notes if n.start < cut]
+        inst.control_changes = [c for c in inst.control_changes if c.time < cut]
+        inst.pitch_bends = [b for b in inst.pitch_bends if b.time < cut]
+        pedal = [c for c in inst.control_changes if c.number == SUSTAIN]
+        if pedal and pedal[-1].value >= 64:
+            inst.control_changes.append(miditoolkit.ControlChange(SUSTAIN, 0, cut))
+        # miditoolkit also keeps the pedal as (start, end) spans, written when there are no controllers
+        inst.pedals = [p for p in inst.pedals if p.start < cut]
+        for p in inst.pedals:
+            p.end = min(p.end, cut)
+    midi.instruments = [i for i in midi.instruments if i.notes]
+    midi.tempo_changes = [t for t in midi.tempo_changes if t.time < cut] or midi.tempo_changes[:1]
+    midi.time_signature_changes = [t for t in midi.time_signature_changes if t.time < cut] or midi.time_signature_changes[:1]
+    midi.key_signature_changes = [k for k in midi.key_signature_changes if k.time < cut]
+    midi.markers = [m for m in midi.markers if m.time < cut]
+    midi.lyrics = [m for m in midi.lyrics if m.time < cut]
+    midi.max_tick = max([cut] + [n.end for i in midi.instruments for n in i.notes])
 
 
 def merge_continuation(prompt: Prompt, ids: np.ndarray, tokenizer: REMITokenizer,
@@ -148,11 +170,14 @@ def merge_continuation(prompt: Prompt, ids: np.ndarray, tokenizer: REMITokenizer
     for t in decoded.tempo_changes:
         if t.time >= start_dec and (not out.tempo_changes or abs(out.tempo_changes[-1].tempo - t.tempo) > 1e-6):
             out.tempo_changes.append(miditoolkit.TempoChange(t.tempo, conv(t.time)))
-    for ts in decoded.time_signature_changes:
-        if ts.time >= start_dec:
-            last = out.time_signature_changes[-1] if out.time_signature_changes else None
-            if last is None or (last.numerator, last.denominator) != (ts.numerator, ts.denominator):
-                out.time_signature_changes.append(miditoolkit.TimeSignature(ts.numerator, ts.denominator, conv(ts.time)))
+    # the meter in force where the new bars begin, then the later changes: a prompt meter outside
+    # the vocabulary (9/4, read as 8/4) must not stay marked over bars of another length
+    at_start = [t for t in decoded.time_signature_changes if t.time <= start_dec][-1:]
+    later = [t for t in decoded.time_signature_changes if t.time > start_dec]
+    for ts, time in [(t, start_dec) for t in at_start] + [(t, t.time) for t in later]:
+        last = out.time_signature_changes[-1] if out.time_signature_changes else None
+        if last is None or (last.numerator, last.denominator) != (ts.numerator, ts.denominator):
+            out.time_signature_changes.append(miditoolkit.TimeSignature(ts.numerator, ts.denominator, conv(time)))
     for inst in decoded.instruments:
         notes = [n for n in inst.notes if n.start >= start_dec]
         if not notes:

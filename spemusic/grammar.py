@@ -182,6 +182,17 @@ class REMIGrammar:
             st.eos = True
             st.last = EOS
 
+    def first_violation(self, ids) -> int | None:
+        """Index of the first token the grammar does not allow there (None: all allowed; a missing
+        EOS is not counted)."""
+        st = GrammarState()
+        for i, t in enumerate(ids):
+            t = int(t)
+            if not (0 <= t < self.V and self.allowed(st)[t]):
+                return i
+            self.advance(st, t)
+        return None
+
     def is_valid(self, ids) -> bool:
         """True when `ids` follows the grammar from BOS to EOS."""
         st = GrammarState()

@@ -19,11 +19,13 @@ import torch.nn.functional as F
 from . import checkpoint
 from .data import WindowSampler, fixed_windows, open_dataset
 from .errors import SpemusicError
+from .files import check_output_folder
 from .model import ModelConfig, Performer
 from .tokenizer import TokenizerConfig
 
 PRESETS = ("tiny", "small", "paper")
 PES = ("sinespe", "convspe", "ape", "sinusoidal", "axial", "none")
+ABSOLUTE_PES = ("ape", "sinusoidal", "axial")
 
 
 @dataclass
@@ -70,8 +72,21 @@ class TrainConfig:
                 raise SpemusicError(f"--{name.replace('_', '-')} must be at least 1")
         if self.steps <= 0 and self.epochs <= 0:
             raise SpemusicError("give --steps or --epochs (a positive number)")
+        if self.steps > 0 and self.epochs > 0:
+            raise SpemusicError(f"give --steps or --epochs, not both (got {self.steps} steps and {self.epochs} epochs)")
         if self.lr <= 0:
             raise SpemusicError("--lr must be positive")
+        for name in ("warmup", "feature_redraw", "transpose"):
+            if getattr(self, name) < 0:
+                raise SpemusicError(f"--{name.replace('_', '-')} must be at least 0")
+        for name in ("val_every", "save_every", "log_every"):
+            if getattr(self, name) < 1:
+                raise SpemusicError(f"--{name.replace('_', '-')} must be at least 1")
+        if self.weight_decay < 0:
+            raise SpemusicError("--weight-decay must be at least 0")
+        if self.pe in ABSOLUTE_PES and self.max_len and self.seq_len > self.max_len and not self.init_from:
+            raise SpemusicError(f"--seq-len {self.seq_len} is past --max-len {self.max_len}, the positions of an "
+                                f"absolute PE ({self.pe}); SPE has no such limit")
 
     @classmethod
     def from_dict(cls, d: dict) -> "TrainConfig":
@@ -182,6 +197,21 @@ class Logger:
                 f.write(json.dumps(record) + "\n")
 
 
+def _warnings(cfg: TrainConfig, cache, has_valid: bool) -> list[str]:
+    """Options that run but are probably not what the user meant."""
+    out = []
+    if cfg.warmup >= cfg.steps:
+        out.append(f"--warmup {cfg.warmup} is not shorter than the run ({cfg.steps} steps): the learning rate "
+                   f"never reaches --lr {cfg.lr:g}")
+    longest = max(f["length"] for f in cache.files("train"))
+    if cfg.seq_len > longest:
+        out.append(f"--seq-len {cfg.seq_len} is longer than every training piece (longest {longest:,} tokens): "
+                   "windows are partly padding, which tokens/s counts")
+    if not has_valid:
+        out.append("no valid split in the data: no validation loss and no `best` checkpoint")
+    return out
+
+
 def train(cfg: TrainConfig, run_dir: Path, resume: bool = False, stop_after: int | None = None,
           console=None, show_progress: bool = True) -> dict:
     """Train (or resume) a model into `run_dir`. Returns a summary dict."""
@@ -194,14 +224,21 @@ def train(cfg: TrainConfig, run_dir: Path, resume: bool = False, stop_after: int
 
     if resume:
         run_file = run_dir / "run.json"
-        if not (run_dir / "last").exists() or not run_file.is_file():
-            raise SpemusicError(f"{run_dir}: nothing to resume (no last checkpoint or run.json)")
+        if not run_file.is_file():
+            raise SpemusicError(f"{run_dir}: nothing to resume (not a training run: no run.json)")
+        if not (run_dir / "last").exists():
+            raise SpemusicError(f"{run_dir}: nothing to resume (the run stopped before its first checkpoint); "
+                                "start it again: train … -o with the same folder")
         saved_run = json.loads(run_file.read_text())
         saved = TrainConfig.from_dict(saved_run["train"])
         # options given again on resume may only extend the run, not change the model or data
         saved.steps = max(saved.steps, cfg.steps) if cfg.steps else saved.steps
         cfg = saved
     cfg.check()
+    if not resume:
+        check_output_folder(run_dir)
+        if (run_dir / "last").exists():
+            raise SpemusicError(f"{run_dir}: already holds a training run; use --resume {run_dir} or another -o")
 
     device = pick_device(cfg.device)
     if world > 1:
@@ -246,7 +283,7 @@ def train(cfg: TrainConfig, run_dir: Path, resume: bool = False, stop_after: int
         model = Performer(model_cfg).to(device)
     elif base_model is not None:
         model, model_cfg = base_model.to(device), base_model.cfg
-        if model_cfg.pe in ("ape", "sinusoidal", "axial") and cfg.seq_len > model_cfg.max_len:
+        if model_cfg.pe in ABSOLUTE_PES and cfg.seq_len > model_cfg.max_len:
             raise SpemusicError(f"--seq-len {cfg.seq_len} is past {cfg.init_from}'s absolute positions "
                                 f"({model_cfg.max_len}); SPE models have no such limit")
         cfg.pe, cfg.gated, cfg.attention, cfg.max_len = model_cfg.pe, model_cfg.gated, model_cfg.attention, model_cfg.max_len
@@ -280,6 +317,9 @@ def train(cfg: TrainConfig, run_dir: Path, resume: bool = False, stop_after: int
         if device.type == "cuda" and "cuda_rng" in state:
             torch.cuda.set_rng_state(state["cuda_rng"], device)
         step, best_valid = int(state["step"]), float(state["best_valid"])
+        if step >= cfg.steps:
+            raise SpemusicError(f"{run_dir}: already trained for its {cfg.steps} steps; give a larger --steps "
+                                "to train further")
         tokens_seen, elapsed_before = int(state["tokens"]), float(state["elapsed"])
         if is_main:  # records written after the checkpoint (by the run that stopped) are redone
             metrics = run_dir / "metrics.jsonl"
@@ -313,6 +353,8 @@ def train(cfg: TrainConfig, run_dir: Path, resume: bool = False, stop_after: int
                       f"{device.type} {str(dtype).replace('torch.', '')}, {world} process(es)")
         console.print(f"data: {cache.path} — train {cache.index['splits']['train']['files']} files / "
                       f"{cache.index['splits']['train']['tokens']:,} tokens, valid {cache.index['splits']['valid']['files']} files")
+        for warning in _warnings(cfg, cache, has_valid):
+            console.print(f"[yellow]warning:[/] {warning}", highlight=False)
 
     def save(names: list[str]) -> None:
         info = {"step": step, "tokens": tokens_seen, "train_loss": last_train_loss, "valid_loss": last_valid,

@@ -161,3 +161,86 @@ def test_transposition_keeps_drums_and_range():
         assert 119 <= pitch <= 127
         shifts.add(pitch - 125)
     assert min(shifts) < 0 and max(shifts) == 2
+
+
+def test_tokenize_and_detokenize_never_replace_a_file_silently(run_cli, examples, tmp_path):
+    mid = tmp_path / "piano.mid"
+    mid.write_bytes(examples["piano"].read_bytes())
+    original = mid.read_bytes()
+    assert run_cli("tokenize", mid)[0] == 0  # next to the input
+    txt = tmp_path / "piano.txt"
+    tokens = txt.read_text()
+    code, _, err = run_cli("tokenize", mid)
+    assert code == 1 and "already exists" in err and "--overwrite" in err
+    # piano.txt -> piano.mid would replace the MIDI file it came from
+    code, _, err = run_cli("detokenize", txt)
+    assert code == 1 and "already exists" in err
+    assert mid.read_bytes() == original and txt.read_text() == tokens
+    assert run_cli("detokenize", txt, "--overwrite")[0] == 0
+    assert REMITokenizer().encode(mid).tolist() == REMITokenizer().encode(examples["piano"]).tolist()
+    # folder mode: all outputs are checked before any is written
+    out = tmp_path / "tokens"
+    assert run_cli("tokenize", examples["piano"], examples["groove"], "-o", out)[0] == 0
+    (out / "piano.txt").write_text("mine")
+    (out / "groove.txt").unlink()
+    code, _, err = run_cli("tokenize", examples["piano"], examples["groove"], "-o", out)
+    assert code == 1 and "1 of the 2 outputs already exist" in err
+    assert (out / "piano.txt").read_text() == "mine" and not (out / "groove.txt").exists()
+    assert run_cli("tokenize", examples["piano"], examples["groove"], "-o", out, "--overwrite")[0] == 0
+    assert (out / "piano.txt").read_text().startswith("BOS")
+
+
+def test_detokenize_says_where_tokens_break_the_grammar(run_cli, examples, tmp_path):
+    txt = tmp_path / "piano.txt"
+    assert run_cli("tokenize", examples["piano"], "-o", txt)[0] == 0
+    lines = txt.read_text().splitlines()
+    first_velocity = next(i for i, t in enumerate(lines) if t.startswith("Velocity_"))
+    bad = tmp_path / "bad.txt"
+    bad.write_text("\n".join(t for i, t in enumerate(lines) if i != first_velocity) + "\n")
+    code, _, err = run_cli("detokenize", bad, "-o", tmp_path / "bad.mid")
+    assert code == 0, err
+    # the Duration that follows the missing Velocity is the first token out of place (1-based lines)
+    assert f"line {first_velocity + 1} ({lines[first_velocity + 1]})" in err and "warning" in err
+    assert len(REMITokenizer().decode(REMITokenizer().encode(tmp_path / "bad.mid")).instruments[0].notes) > 0
+    code, _, err = run_cli("detokenize", txt, "-o", tmp_path / "good.mid")
+    assert code == 0 and "warning" not in err
+
+
+@pytest.mark.parametrize("args,message", [
+    (["train", "--preset", "huge"], "--preset"),
+    (["generate", "--length", "abc"], "--length"),
+    (["generate", "--bogus"], "--bogus"),
+    (["eval", "pop-piano", "x", "--max-pieces", "-1"], "--max-pieces"),
+    (["continue"], "prompt"),
+    (["no-such-command"], "no-such-command"),
+])
+def test_usage_errors_are_one_line(run_cli, args, message):
+    code, out, err = run_cli(*args)
+    assert code == 2
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:") and message in lines[0], err
+    assert "--help" in lines[0] and "Traceback" not in err
+
+
+def test_help_shows_defaults_and_takes_h(run_cli):
+    code, out, _ = run_cli("train", "-h")
+    assert code == 0 and "[default: small]" in out and "[default: 1024]" in out
+    code, out, _ = run_cli("continue", "--help")
+    assert code == 0 and "PROMPT-continued.mid" in " ".join(out.split()).replace("│", "")
+
+
+def test_outputs_are_checked_before_the_work(run_cli, examples, tmp_path):
+    code, _, err = run_cli("tokenize", examples["piano"], "-o", tmp_path / "nodir" / "x.txt")
+    assert code == 1 and "folder" in err and "does not exist" in err and ".tmp" not in err
+    code, _, err = run_cli("eval", "pop-piano", tmp_path, "--json", tmp_path / "nodir" / "x.json")
+    assert code == 1 and "--json" in err and "does not exist" in err
+    code, _, err = run_cli("eval", "pop-piano", tmp_path, "--plot", tmp_path / "x.jpg")
+    assert code == 1 and ".png" in err
+    code, _, err = run_cli("eval", "pop-piano", tmp_path, "--reference", tmp_path)
+    assert code == 1 and "--metrics" in err
+    a_file = tmp_path / "taken.mid"
+    a_file.write_bytes(b"")
+    code, _, err = run_cli("data", "prepare", tmp_path, "-o", a_file)
+    assert code == 1 and "not a folder" in err and len(err.strip().splitlines()) == 1
+    code, _, err = run_cli("data", "prepare", a_file, "-o", tmp_path / "c")
+    assert code == 1 and "not a folder" in err and not (tmp_path / "c").exists()

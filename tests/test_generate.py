@@ -82,7 +82,7 @@ def test_generate_is_deterministic(run_cli, tiny_checkpoint, tmp_path):
     assert (tmp_path / "a.mid").read_bytes() == (tmp_path / "b.mid").read_bytes()
     assert (tmp_path / "a.mid").read_bytes() != (tmp_path / "c.mid").read_bytes()
     record = json.loads(out.strip().splitlines()[-1])
-    assert set(record) == {"file", "tokens", "bars", "notes", "music_seconds", "wall_seconds", "tokens_per_s", "seed"}
+    assert set(record) == {"file", "tokens", "bars", "new_bars", "notes", "music_seconds", "wall_seconds", "tokens_per_s", "seed"}
     assert record["seed"] == 8 and record["notes"] > 0 and record["tokens"] <= 300
 
 
@@ -189,6 +189,8 @@ def _bad_cases(tmp_path, examples, ckpt):
         (["generate", "--model", garbage, "--length", 10], "not a spemusic checkpoint"),
         (["generate", *m, "--length", 10, "-o", tmp_path / "nofolder" / "x.mid"], "does not exist"),
         (["generate", *m, "--length", 10, "-o", exists], "already exists"),
+        (["generate", *m, "--length", "ten"], "--length"),
+        (["continue", examples["piano"], *m, "--bars", 1, "--prompt-bars", "two"], "--prompt-bars"),
     ]
 
 
@@ -237,3 +239,69 @@ def test_ctrl_c_writes_what_was_generated(tiny_checkpoint, tmp_path):
     ids = tok.encode(out)
     assert REMIGrammar(tok).is_valid(ids) and np.count_nonzero(ids == tok.bar_id) >= 1
     assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_output_folder_with_trailing_slash(run_cli, tiny_checkpoint, tmp_path):
+    folder = tmp_path / "sketches"
+    code, _, err = run_cli("generate", "--model", tiny_checkpoint, "--bars", 1, "--num", 2, "-o", f"{folder}/")
+    assert code == 0, err
+    assert sorted(p.name for p in folder.iterdir()) == ["piece-1.mid", "piece-2.mid"]
+
+
+def test_too_short_a_piece_is_warned_about(run_cli, tiny_checkpoint, tmp_path):
+    code, _, err = run_cli("generate", "--model", tiny_checkpoint, "--length", 3, "-o", tmp_path / "x.mid")
+    assert code == 0 and "warning" in err and "no new notes" in err
+
+
+def test_continue_reports_prompt_and_new_bars(run_cli, tiny_checkpoint, examples, tmp_path):
+    from spemusic.generate import count_bars, load_prompt
+    from spemusic.tokenizer import REMITokenizer
+
+    prompt_bars = count_bars(load_prompt(examples["piano"], REMITokenizer()).ids, REMITokenizer())
+    code, out, _ = run_cli("continue", examples["piano"], "--model", tiny_checkpoint, "--bars", 2, "--json",
+                           "-o", tmp_path / "a.mid")
+    record = json.loads(out)
+    assert code == 0 and record["new_bars"] == 2 and record["bars"] == prompt_bars + 2
+    code, out, _ = run_cli("continue", examples["piano"], "--model", tiny_checkpoint, "--bars", 2, "--json",
+                           "--only-continuation", "-o", tmp_path / "b.mid")
+    record = json.loads(out)
+    assert code == 0 and record["new_bars"] == record["bars"] == 2
+
+
+def _pedalled_piano(path: Path) -> None:
+    """Four 4/4 bars of piano, the sustain pedal pressed in every bar and still down at bar 3, and strings."""
+    midi = miditoolkit.MidiFile(ticks_per_beat=480)
+    piano = miditoolkit.Instrument(program=0, name="piano")
+    bar = 4 * 480
+    for b in range(4):
+        piano.notes += [miditoolkit.Note(80, 60 + b, b * bar, b * bar + 960),
+                        miditoolkit.Note(70, 64 + b, b * bar + 960, b * bar + 1920)]
+        piano.control_changes += [miditoolkit.ControlChange(64, 127, b * bar + 10),
+                                  miditoolkit.ControlChange(64, 0, b * bar + (bar + 100 if b == 1 else 1800))]
+    # a second track pedalled only in bars 3-4: cut off, it has no controllers left at all (miditoolkit
+    # then writes its `pedals` spans instead, which must be cut too)
+    strings = miditoolkit.Instrument(program=48, name="strings")
+    strings.notes = [miditoolkit.Note(60, 48, b * bar, b * bar + bar) for b in range(4)]
+    strings.control_changes = [miditoolkit.ControlChange(64, v, b * bar + t) for b in (2, 3) for v, t in ((127, 5), (0, 900))]
+    midi.instruments += [piano, strings]
+    midi.tempo_changes.append(miditoolkit.TempoChange(100, 0))
+    midi.time_signature_changes.append(miditoolkit.TimeSignature(4, 4, 0))
+    midi.dump(str(path))
+
+
+def test_prompt_bars_keep_only_those_bars_controllers(run_cli, tiny_checkpoint, tmp_path):
+    import pretty_midi
+
+    src = tmp_path / "pedal.mid"
+    _pedalled_piano(src)
+    out = tmp_path / "out.mid"
+    code, _, err = run_cli("continue", src, "--model", tiny_checkpoint, "--prompt-bars", 2, "--bars", 1, "-o", out)
+    assert code == 0, err
+    cut = 2 * 4 * 480
+    got = miditoolkit.MidiFile(str(out))
+    ccs = [(c.time, c.value) for i in got.instruments for c in i.control_changes if c.number == 64]
+    assert ccs and max(t for t, _ in ccs) <= cut
+    assert (cut, 0) in ccs  # the pedal held across the cut is released where the new bar begins
+    last_note = max(n.end for i in got.instruments for n in i.notes)
+    # the file ends with its notes, not with the source's later pedal moves
+    assert pretty_midi.PrettyMIDI(str(out)).get_end_time() == pytest.approx(got.get_tick_to_time_mapping()[last_note])

@@ -64,12 +64,16 @@ def test_tiny_model_learns_real_music(run_cli, pop_cache, tmp_path):
     load_model(tmp_path / "run" / "last")
 
 
-def test_resume_is_exact(run_cli, pop_cache, tmp_path):
+def test_resume_is_exact(run_cli, pop_cache, tmp_path, monkeypatch):
     common = ["--steps", 40, "--val-every", 15, "--save-every", 100, "--feature-redraw", 7]
     _train(run_cli, pop_cache, tmp_path / "once", *common)
     _train(run_cli, pop_cache, tmp_path / "split", *common, "--stop-after", 20)
+    code, _, err = run_cli("train", "--resume", tmp_path / "split", "--seq-len", 64)
+    assert code == 1 and "drop --seq-len" in err
     code, _, err = run_cli("train", "--resume", tmp_path / "split")
     assert code == 0, err
+    code, _, err = run_cli("train", "--resume", tmp_path / "split")
+    assert code == 1 and "already trained for its 40 steps" in err and "Traceback" not in err
     a = safetensors.torch.load_file(str(tmp_path / "once" / "last" / "model.safetensors"))
     b = safetensors.torch.load_file(str(tmp_path / "split" / "last" / "model.safetensors"))
     assert a.keys() == b.keys()
@@ -79,6 +83,11 @@ def test_resume_is_exact(run_cli, pop_cache, tmp_path):
     split = (tmp_path / "split" / "metrics.jsonl").read_text()
     strip = lambda text: [{k: v for k, v in json.loads(l).items() if k != "tokens_per_s"} for l in text.splitlines()]  # noqa: E731
     assert strip(once) == strip(split)
+    # run folders in $SPEMUSIC_CHECKPOINTS are models by name (their best, else last)
+    monkeypatch.setenv("SPEMUSIC_CHECKPOINTS", str(tmp_path))
+    code, out, _ = run_cli("models")
+    assert code == 0 and {"once", "split"} <= {line.split()[0] for line in out.splitlines()}
+    assert load_model("split")[0].cfg.n_layers == 2
 
 
 def test_sigkill_leaves_a_loadable_checkpoint(pop_cache, tmp_path):
@@ -96,7 +105,7 @@ def test_sigkill_leaves_a_loadable_checkpoint(pop_cache, tmp_path):
         proc.wait()
         model, _ = load_model(run / "last")
         assert model is not None
-        proc = subprocess.Popen([sys.executable, "-m", "spemusic", "train", "--resume", str(run), "--save-every", "1"],
+        proc = subprocess.Popen([sys.executable, "-m", "spemusic", "train", "--resume", str(run)],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         time.sleep(3)
     os.kill(proc.pid, signal.SIGKILL)
@@ -168,6 +177,16 @@ def test_train_bad_options(run_cli, pop_cache, tmp_path):
     assert code == 1 and "--seq-len" in err
     code, _, err = run_cli("train", "--resume", tmp_path / "nothing")
     assert code == 1 and "nothing to resume" in err
+    code, _, err = run_cli("train", pop_cache, "-o", tmp_path / "r", "--steps", 2, "--epochs", 1)
+    assert code == 1 and "not both" in err
+    code, _, err = run_cli("train", pop_cache, "-o", tmp_path / "r", "--steps", 2, "--pe", "ape", "--max-len", 64,
+                           "--seq-len", 128)
+    assert code == 1 and "--max-len 64" in err
+    a_file = tmp_path / "file.mid"
+    a_file.write_bytes(b"")
+    code, _, err = run_cli("train", pop_cache, "-o", a_file, "--steps", 2)
+    assert code == 1 and "not a folder" in err
+    assert not (tmp_path / "r").exists()  # refused before the run folder is made
 
 
 def test_fine_tune_starts_from_the_given_model(run_cli, pop_cache, tmp_path):
