@@ -555,6 +555,8 @@ def _generate_or_continue(model_name, prompt_path, prompt_bars, length, bars, nu
     model, tok = load_model(model_name or "pop-piano", device=device)
     if prompt is not None and tok.config != REMITokenizer().config:
         prompt = load_prompt(prompt_path, tok, prompt_bars)
+    for note in prompt.notes if prompt is not None else []:
+        err.print(f"[yellow]note:[/] {escape(str(prompt_path))}: {escape(note)}", highlight=False)
     result = _run_sampling(model, tok, num=num, length=length, bars=bars,
                            prompt=None if prompt is None else prompt.ids, options=options, seed=seed,
                            weights_dtype={"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}.get(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import io
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import miditoolkit
@@ -83,6 +83,7 @@ class Prompt:
     ids: np.ndarray                 # its tokens, BOS … last note (no EOS)
     end_beats: float                # where the continuation starts, in quarter notes
     only_drums: bool
+    notes: list[str] = field(default_factory=list)  # what the model reads differently from the file
 
 
 def load_prompt(path: Path, tokenizer: REMITokenizer, prompt_bars: int | None = None) -> Prompt:
@@ -115,7 +116,23 @@ def load_prompt(path: Path, tokenizer: REMITokenizer, prompt_bars: int | None = 
     if not any(i.notes for i in midi.instruments):
         raise MidiError(f"{path}: no notes in the prompt")
     only_drums = all(i.is_drum for i in midi.instruments if i.notes)
-    return Prompt(midi, np.asarray(ids, dtype=np.int64), end_beats, only_drums)
+    return Prompt(midi, np.asarray(ids, dtype=np.int64), end_beats, only_drums, _outside_vocabulary(midi, tokenizer))
+
+
+def _outside_vocabulary(midi: miditoolkit.MidiFile, tokenizer: REMITokenizer) -> list[str]:
+    """Meters and tempi of the prompt that the tokens can only approximate: the file keeps them,
+    but the model continues from the approximation."""
+    notes = []
+    for ts in {(t.numerator, t.denominator) for t in midi.time_signature_changes}:
+        if ts not in tokenizer.time_signatures:
+            n, d = tokenizer.time_signatures[tokenizer.map_time_signature(*ts)]
+            notes.append(f"time signature {ts[0]}/{ts[1]} is outside the vocabulary: the model reads its bars as {n}/{d}")
+    cfg = tokenizer.config
+    tempi = [t.tempo for t in midi.tempo_changes if not cfg.tempo_min <= t.tempo <= cfg.tempo_max]
+    if tempi:
+        notes.append(f"tempo {tempi[0]:.0f} BPM is outside {cfg.tempo_min:.0f}-{cfg.tempo_max:.0f}: the model reads "
+                     "the nearest")
+    return notes
 
 
 SUSTAIN = 64  # the sustain pedal's controller number

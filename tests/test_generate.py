@@ -305,3 +305,33 @@ def test_prompt_bars_keep_only_those_bars_controllers(run_cli, tiny_checkpoint, 
     last_note = max(n.end for i in got.instruments for n in i.notes)
     # the file ends with its notes, not with the source's later pedal moves
     assert pretty_midi.PrettyMIDI(str(out)).get_end_time() == pytest.approx(got.get_tick_to_time_mapping()[last_note])
+
+
+def _nine_four(path: Path) -> None:
+    """Two bars of 9/4 piano: a meter outside the token vocabulary."""
+    midi = miditoolkit.MidiFile(ticks_per_beat=480)
+    piano = miditoolkit.Instrument(program=0)
+    piano.notes = [miditoolkit.Note(80, 60 + k % 9, k * 480, k * 480 + 400) for k in range(18)]
+    midi.instruments.append(piano)
+    midi.tempo_changes.append(miditoolkit.TempoChange(120, 0))
+    midi.time_signature_changes.append(miditoolkit.TimeSignature(9, 4, 0))
+    midi.dump(str(path))
+
+
+def test_prompt_meter_outside_the_vocabulary_is_said_and_marked(run_cli, tiny_checkpoint, tmp_path):
+    from spemusic.generate import load_prompt, merge_continuation
+    from spemusic.tokenizer import REMITokenizer
+
+    src = tmp_path / "nine.mid"
+    _nine_four(src)
+    code, _, err = run_cli("continue", src, "--model", tiny_checkpoint, "--bars", 1, "-o", tmp_path / "out.mid")
+    assert code == 0 and "9/4 is outside the vocabulary" in err and "8/4" in err
+    # a continuation that keeps the model's meter (no TimeSig token in its bar): the new bars, after
+    # the prompt's three 8/4 bars as the model read them, are still marked 8/4, not left under 9/4
+    tok = REMITokenizer()
+    prompt = load_prompt(src, tok)
+    new_bar = tok.tokens_to_ids(["Bar", "Position_0", "Program_0", "Pitch_60", "Velocity_19", "Duration_9", "EOS"])
+    got = merge_continuation(prompt, np.concatenate([prompt.ids, new_bar]), tok)
+    meters = [(t.numerator, t.denominator, t.time) for t in got.time_signature_changes]
+    assert meters == [(9, 4, 0), (8, 4, 3 * 8 * 480)]
+    assert max(n.start for n in got.instruments[0].notes) == 3 * 8 * 480
