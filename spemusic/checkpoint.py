@@ -93,7 +93,10 @@ def read_metadata(weights: Path) -> dict:
 
 def load_model(name_or_path: str | Path = "pop-piano", device: str | torch.device = "cpu",
                return_info: bool = False):
-    """Load a model and its tokenizer from a shipped name or a checkpoint path (eval mode, fp32)."""
+    """Load a model and its tokenizer (eval mode, fp32) from a shipped name, a checkpoint folder or
+    .safetensors file, or a run folder (its `best` checkpoint, else `last`)."""
+    if torch.device(device).type == "cuda" and not torch.cuda.is_available():
+        raise SpemusicError("device cuda: no CUDA GPU is available")
     weights = resolve(name_or_path)
     meta = read_metadata(weights)
     model_cfg = ModelConfig.from_dict(meta["model_config"])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import sys
 import threading
@@ -88,9 +89,14 @@ def _convert_many(inputs, output, suffixes, new_suffix, convert, what: str, over
     from .files import check_output_file, check_output_folder
 
     pairs, folder_mode = _expand_inputs(inputs, suffixes)
+    as_folder = output is not None and output.endswith(("/", os.sep))
+    output = Path(output) if output is not None else None
     if not folder_mode:
         src = pairs[0][0]
         dest = output or src.with_suffix(new_suffix)
+        if as_folder and not dest.is_dir():
+            check_output_folder(dest)
+            dest.mkdir(parents=True)
         if dest.is_dir():
             dest = dest / (src.stem + new_suffix)
         if dest.resolve() == src.resolve():
@@ -135,8 +141,8 @@ def _write_text_atomically(text: str, dest: Path) -> None:
 @app.command()
 def tokenize(
     inputs: List[Path] = typer.Argument(..., help="MIDI files or folders (searched recursively)."),
-    output: Optional[Path] = typer.Option(None, "-o", "--output", help="Output .txt file, or folder for several "
-                                          "inputs. \\[default: the input's name with .txt, next to it]"),
+    output: Optional[str] = typer.Option(None, "-o", "--output", help="Output .txt file, or folder (for several "
+                                          "inputs, or a name ending in /). \\[default: the input's name with .txt, next to it]"),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace existing output files."),
 ):
     """Turn MIDI files into readable REMI tokens, one per line.
@@ -161,8 +167,8 @@ def tokenize(
 @app.command()
 def detokenize(
     inputs: List[Path] = typer.Argument(..., help="Token files (.txt, one token per line) or folders."),
-    output: Optional[Path] = typer.Option(None, "-o", "--output", help="Output .mid file, or folder for several "
-                                          "inputs. \\[default: the input's name with .mid, next to it]"),
+    output: Optional[str] = typer.Option(None, "-o", "--output", help="Output .mid file, or folder (for several "
+                                          "inputs, or a name ending in /). \\[default: the input's name with .mid, next to it]"),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace existing output files."),
 ):
     """Turn readable REMI tokens back into MIDI files.
@@ -365,11 +371,11 @@ def train(
     if output is None:
         raise SpemusicError("give -o RUN_DIR for checkpoints and metrics")
     if options.get("init_from"):
-        clash = [f"--{k.replace('_', '-')}" for k in ("preset", "pe", "gated", "attention", "max_len")
-                 if k in options]
+        clash = [f"--{k.replace('_', '-')}" if k in given else f"{k} (in {config})"
+                 for k in ("preset", "pe", "gated", "attention", "max_len") if k in options]
         if clash:
             raise SpemusicError(f"--init-from takes the model from {options['init_from']}; drop {', '.join(clash)}")
-    cfg = TrainConfig.from_dict(options)
+    cfg = TrainConfig.from_dict(options, source=str(config) if config else "")
     run_training(cfg, output, stop_after=stop_after, console=err)
 
 
@@ -384,10 +390,23 @@ def _read_toml(path: Path) -> dict:
         raise SpemusicError(f"{path}: no such config file") from None
     except tomllib.TOMLDecodeError as e:
         raise SpemusicError(f"{path}: invalid TOML ({e})") from None
+    tables = [k for k, v in options.items() if isinstance(v, dict)]
+    if tables:
+        raise SpemusicError(f"{path}: [{tables[0]}]: write the options as top-level keys (seq-len = 1024), not in a table")
     return {k.replace("-", "_"): v for k, v in options.items()}
 
 
 # ----------------------------------------------------------------------------- generate / continue
+
+def _say_which_checkpoint(name_or_path) -> None:
+    """A run folder stands for its `best` checkpoint (else `last`): say which one is used."""
+    from .checkpoint import resolve
+
+    if name_or_path and Path(name_or_path).is_dir():
+        folder = resolve(name_or_path).parent
+        if folder != Path(name_or_path):
+            err.print(f"model: {escape(str(folder))} (the run's {folder.name} checkpoint)", highlight=False)
+
 
 def _sampling_progress(total: int | None, disable: bool) -> Progress:
     return _progress(TextColumn("[bold]sampling"), BarColumn(), TextColumn("{task.completed} tokens"),
@@ -400,10 +419,12 @@ def _run_sampling(model, tok, *, num, length, bars, prompt, options, seed, weigh
 
     total = length
     with _sampling_progress(total, quiet) as progress:
-        task = progress.add_task("sampling", total=total, bars=0, tps="-")
-        t0 = time.perf_counter()
+        task, t0 = None, 0.0
 
         def on_token(n, bars_done):
+            nonlocal task, t0
+            if task is None:  # drawn from the first token: the model is loaded and the prompt primed
+                task, t0 = progress.add_task("sampling", total=total, bars=0, tps="-"), time.perf_counter()
             if n % 16 == 0 or n == total:
                 progress.update(task, completed=n, bars=bars_done,
                                 tps=f"{n * num / max(time.perf_counter() - t0, 1e-9):,.0f}")
@@ -424,7 +445,8 @@ def _run_sampling(model, tok, *, num, length, bars, prompt, options, seed, weigh
                             seed=seed, on_token=on_token, should_stop=stop.is_set, weights_dtype=weights_dtype)
         finally:
             signal.signal(signal.SIGINT, previous)
-        progress.update(task, completed=result.new_tokens, total=total or result.new_tokens)
+        if task is not None:
+            progress.update(task, completed=result.new_tokens, total=total or result.new_tokens)
         return result
 
 
@@ -553,6 +575,7 @@ def _generate_or_continue(model_name, prompt_path, prompt_bars, length, bars, nu
         if model_name is None:
             model_name = "groove" if prompt.only_drums else "pop-piano"
     model, tok = load_model(model_name or "pop-piano", device=device)
+    _say_which_checkpoint(model_name)
     if prompt is not None and tok.config != REMITokenizer().config:
         prompt = load_prompt(prompt_path, tok, prompt_bars)
     for note in prompt.notes if prompt is not None else []:
@@ -651,6 +674,7 @@ def eval_(
     reports = []
     for name in model_names:
         model, tok, info = load_model(name, device=device, return_info=True)
+        _say_which_checkpoint(name)
         with _progress(TextColumn(f"[bold]{escape(name)}"), BarColumn(), MofNCompleteColumn(), TextColumn("pieces"),
                        TimeElapsedColumn()) as progress:
             reports.append(evaluate_nll(model, tok, Path(data), split, max_len, bucket, name=name,
@@ -661,11 +685,16 @@ def eval_(
     for r in reports:
         table.add_column(r.model, justify="right")
     for i, b in enumerate(reports[0].buckets):
-        marks = [r for r in reports if r.trained_len and b["start"] < r.trained_len <= b["end"]]
-        label = f"{b['start']}-{b['end']}" + (" ← trained length" if marks else "")
-        table.add_row(label, *[f"{r.buckets[i]['nll']:.4f}" if r.buckets[i]["nll"] is not None else "-" for r in reports])
+        marks = [r.model for r in reports if r.trained_len and b["start"] < r.trained_len <= b["end"]]
+        label = f"{b['start']}-{b['end']}"
+        if marks:
+            label += " ← trained length" + (f" of {', '.join(marks)}" if len(reports) > 1 else "")
+        table.add_row(escape(label), *[f"{r.buckets[i]['nll']:.4f}" if r.buckets[i]["nll"] is not None else "-"
+                                       for r in reports])
     table.add_row("[bold]mean", *[f"[bold]{r.mean_nll:.4f}" for r in reports])
     out.print(table)
+    if any(b["nll"] is None for r in reports for b in r.buckets):
+        out.print("-: no piece of the data reaches these positions")
     if json_path is not None:
         from .files import write_atomically
 
@@ -699,17 +728,27 @@ def _eval_metrics(args: List[str], reference: Optional[Path], json_path: Optiona
         table.add_column(name, justify="right")
     if len(columns) == 2:
         table.add_column("generated / reference", justify="right")
+    import math
+
+    def number(v):  # NaN (a metric no file has, e.g. pitch entropy of drums only) -> None: valid JSON
+        return None if isinstance(v, float) and math.isnan(v) else v
+
+    undefined = False
     for key in ("files", "H1", "H4", "GS", "notes_per_bar", "polyphony", "pitch_range"):
-        vals = [columns[n][0][key] for n in columns]
-        row = [f"{v:.0f}" if key == "files" else f"{v:.3f}" for v in vals]
+        vals = [number(columns[n][0][key]) for n in columns]
+        undefined |= None in vals
+        row = ["-" if v is None else f"{v:.0f}" if key == "files" else f"{v:.3f}" for v in vals]
         if len(vals) == 2:
-            row.append(f"{vals[0] / vals[1]:.2f}" if vals[1] and key != "files" else "")
+            row.append(f"{vals[0] / vals[1]:.2f}" if None not in vals and vals[1] and key != "files" else "")
         table.add_row(key, *row)
     out.print(table)
+    if undefined:
+        out.print("-: no file has it (H1, H4 and pitch range count pitched notes only, not drums)")
     if json_path is not None:
         from .files import write_atomically
 
-        write_atomically(json.dumps({n: c[0] for n, c in columns.items()}, indent=2).encode(), json_path)
+        payload = {n: {k: number(v) for k, v in c[0].items()} for n, c in columns.items()}
+        write_atomically(json.dumps(payload, indent=2, allow_nan=False).encode(), json_path)
         err.print(f"wrote {json_path}")
 
 

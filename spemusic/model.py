@@ -88,8 +88,11 @@ class ModelConfig:
                 raise SpemusicError(f"model config: {name} must be a positive integer, not {val!r}")
         if self.d_model % self.n_heads:
             raise SpemusicError(f"model config: d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
-        if not 0.0 <= float(self.dropout) < 1.0:
+        if isinstance(self.dropout, bool) or not isinstance(self.dropout, (int, float)) or not 0.0 <= self.dropout < 1.0:
             raise SpemusicError(f"model config: dropout must be in [0, 1), not {self.dropout!r}")
+        for name in ("gated", "share_pe"):
+            if not isinstance(getattr(self, name), bool):
+                raise SpemusicError(f"model config: {name} must be true or false, not {getattr(self, name)!r}")
 
     @property
     def d_head(self) -> int:
@@ -383,6 +386,16 @@ class Performer(nn.Module):
     def _check_ids(self, ids: torch.Tensor, ndim: int):
         if not isinstance(ids, torch.Tensor) or ids.dim() != ndim:
             raise SpemusicError(f"expected token ids as a {ndim}-D LongTensor")
+        if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
+            raise SpemusicError(f"expected integer token ids, not {ids.dtype}")
+        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= self.cfg.vocab_size):
+            raise SpemusicError(f"token ids must be in 0 … {self.cfg.vocab_size - 1} (this model's vocabulary), "
+                                f"got {int(ids.min())} … {int(ids.max())}")
+
+    @staticmethod
+    def _check_weights_dtype(dtype) -> None:
+        if dtype not in (torch.float32, torch.float16, torch.bfloat16):
+            raise SpemusicError(f"weights_dtype must be torch.float32, torch.float16 or torch.bfloat16, not {dtype!r}")
 
     # ------------------------------------------------------------------ parallel
     def _parallel(self, ids: torch.Tensor, want_state: bool, weights_dtype: torch.dtype = torch.float32):
@@ -418,6 +431,7 @@ class Performer(nn.Module):
         """One parallel pass over a prompt: (logits (B, T, V), State after the prompt).
         ``weights_dtype``: the state's step keeps its linear weights in this dtype (float16 or
         bfloat16 halve the bytes read per token, see recurrent.py; float32 is exact)."""
+        self._check_weights_dtype(weights_dtype)
         return self._parallel(ids, want_state=True, weights_dtype=weights_dtype)
 
     # ------------------------------------------------------------------ recurrent
@@ -425,6 +439,7 @@ class Performer(nn.Module):
     def init_state(self, batch_size: int, weights_dtype: torch.dtype = torch.float32) -> State:
         """Empty state at position 0: generation from scratch is step() from here
         (``weights_dtype`` as in ``prime``)."""
+        self._check_weights_dtype(weights_dtype)
         codes = self._get_codes()
         layers = [b.attn.empty_state(batch_size, self.device) for b in self.blocks]
         return State(position=0, batch_size=batch_size, layers=layers, pe=recurrent.new_stream_states(self, codes, 0),
@@ -435,6 +450,8 @@ class Performer(nn.Module):
         """Feed one token per sequence at ``state.position``: (B,) -> (logits (B, V), state).
         The state is updated in place (and returned)."""
         self._check_ids(next_ids, 1)
+        if next_ids.shape[0] != state.batch_size:
+            raise SpemusicError(f"step: {next_ids.shape[0]} token ids for a state of batch {state.batch_size}")
         if self.abs_pe is not None:
             self.abs_pe.check(state.position, 1)
         return recurrent.step(self, state, next_ids)

@@ -89,11 +89,22 @@ class TrainConfig:
                                 f"absolute PE ({self.pe}); SPE has no such limit")
 
     @classmethod
-    def from_dict(cls, d: dict) -> "TrainConfig":
-        names = {f.name for f in fields(cls)}
-        unknown = set(d) - names
+    def from_dict(cls, d: dict, source: str = "") -> "TrainConfig":
+        """Options from a TOML file (``source``), the command line or a run's record, type-checked:
+        TOML has its own types, and a quoted number or a float step count must not reach training."""
+        where = f" in {source}" if source else ""
+        types = {f.name: f.type for f in fields(cls)}
+        unknown = set(d) - set(types)
         if unknown:
-            raise SpemusicError(f"unknown training option(s): {', '.join(sorted(unknown))}")
+            raise SpemusicError(f"unknown training option(s){where}: {', '.join(sorted(unknown))}")
+        for name, value in d.items():
+            kind = types[name]
+            ok = {"int": isinstance(value, int) and not isinstance(value, bool),
+                  "float": isinstance(value, (int, float)) and not isinstance(value, bool),
+                  "bool": isinstance(value, bool), "str": isinstance(value, str)}[kind]
+            if not ok:
+                expected = {"int": "an integer", "float": "a number", "bool": "true or false", "str": "a string"}[kind]
+                raise SpemusicError(f"training option {name}{where} must be {expected}, not {value!r}")
         return cls(**d)
 
 
@@ -230,12 +241,15 @@ def train(cfg: TrainConfig, run_dir: Path, resume: bool = False, stop_after: int
             raise SpemusicError(f"{run_dir}: nothing to resume (the run stopped before its first checkpoint); "
                                 "start it again: train … -o with the same folder")
         saved_run = json.loads(run_file.read_text())
-        saved = TrainConfig.from_dict(saved_run["train"])
+        saved = TrainConfig.from_dict(saved_run["train"], source=str(run_file))
+        if not Path(saved.data).exists() and Path(saved_run.get("data_cache", "")).is_dir():
+            saved.data = saved_run["data_cache"]  # a run recorded with a relative DATA, resumed elsewhere
         # options given again on resume may only extend the run, not change the model or data
         saved.steps = max(saved.steps, cfg.steps) if cfg.steps else saved.steps
         cfg = saved
     cfg.check()
     if not resume:
+        cfg.data = str(Path(cfg.data).resolve())  # the run's record must hold from any working folder
         check_output_folder(run_dir)
         if (run_dir / "last").exists():
             raise SpemusicError(f"{run_dir}: already holds a training run; use --resume {run_dir} or another -o")
@@ -347,6 +361,8 @@ def train(cfg: TrainConfig, run_dir: Path, resume: bool = False, stop_after: int
     n_params = model.num_parameters()
     if is_main:
         start = f"fine-tuning {cfg.init_from}" if cfg.init_from else cfg.preset
+        if cfg.init_from and Path(cfg.init_from).is_dir() and checkpoint.resolve(cfg.init_from).parent != Path(cfg.init_from):
+            start += f" (its {checkpoint.resolve(cfg.init_from).parent.name} checkpoint)"
         console.print(f"[bold]spemusic train[/]: {start} ({n_params / 1e6:.2f}M parameters), pe={cfg.pe}"
                       f"{' gated' if cfg.gated and cfg.pe in ('sinespe', 'convspe') else ''}, attention={cfg.attention}, "
                       f"seq-len {cfg.seq_len}, {tokens_per_step} tokens/step, {cfg.steps} steps, "
@@ -372,7 +388,7 @@ def train(cfg: TrainConfig, run_dir: Path, resume: bool = False, stop_after: int
         checkpoint.save_run_checkpoint(run_dir, names, step, model, tok_cfg, info, trainer_state)
 
     micro = cfg.batch_size // world
-    last_train_loss, last_valid = None, None
+    last_train_loss, last_valid, last_window = None, None, 0
     window_loss, window_count, window_tokens = 0.0, 0, 0
     t_start = time.perf_counter()
     t_window = t_start
@@ -426,9 +442,10 @@ def train(cfg: TrainConfig, run_dir: Path, resume: bool = False, stop_after: int
                     window_loss = float(t) / world
                 now = time.perf_counter()
                 tps = window_tokens / max(now - t_window, 1e-9)
-                last_train_loss = window_loss / window_count
+                last_train_loss, last_window = window_loss / window_count, window_count
                 record = {"step": step, "train_loss": round(last_train_loss, 5),
-                          "lr": scheduler.get_last_lr()[0], "tokens_per_s": round(tps, 1), "tokens": tokens_seen}
+                          "lr": float(f"{scheduler.get_last_lr()[0]:.6g}"), "tokens_per_s": round(tps, 1),
+                          "tokens": tokens_seen}
                 if do_val:
                     last_valid = evaluate_windows(model, valid, tokenizer.pad_id, device, dtype)
                     record["valid_loss"] = round(last_valid, 5)
@@ -452,10 +469,13 @@ def train(cfg: TrainConfig, run_dir: Path, resume: bool = False, stop_after: int
                "train_loss": last_train_loss, "valid_loss": last_valid,
                "best_valid_loss": best_valid if math.isfinite(best_valid) else None,
                "wall_seconds": wall, "run_dir": str(run_dir)}
-    if is_main:
-        console.print(f"done: step {step}/{cfg.steps}, train loss {last_train_loss:.4f}"
+    if is_main and last_train_loss is not None:
+        stopped = step < cfg.steps
+        console.print(("stopped (--stop-after)" if stopped else "done") + f": step {step}/{cfg.steps}, train loss "
+                      f"{last_train_loss:.4f} (mean of the last {last_window} steps)"
                       + (f", valid loss {last_valid:.4f} (best {best_valid:.4f})" if last_valid is not None else "")
-                      + f", {wall:.0f} s; checkpoints in {run_dir}/last" + (" and best" if math.isfinite(best_valid) else ""))
+                      + f", {wall:.0f} s; checkpoints in {run_dir}/last" + (" and best" if math.isfinite(best_valid) else "")
+                      + (f"; continue with: spemusic train --resume {run_dir}" if stopped else ""))
     if world > 1:
         dist.destroy_process_group()
     return summary

@@ -244,3 +244,23 @@ def test_outputs_are_checked_before_the_work(run_cli, examples, tmp_path):
     assert code == 1 and "not a folder" in err and len(err.strip().splitlines()) == 1
     code, _, err = run_cli("data", "prepare", a_file, "-o", tmp_path / "c")
     assert code == 1 and "not a folder" in err and not (tmp_path / "c").exists()
+
+
+def test_tokenize_into_a_new_folder_with_a_trailing_slash(run_cli, examples, tmp_path):
+    code, _, err = run_cli("tokenize", examples["piano"], "-o", f"{tmp_path / 'tokens'}/")
+    assert code == 0, err
+    assert (tmp_path / "tokens" / "piano.txt").is_file()
+
+
+def test_metrics_json_is_valid_for_drums(run_cli, examples, tmp_path):
+    out = tmp_path / "m.json"
+    code, stdout, err = run_cli("eval", "--metrics", examples["groove"], "--reference", examples["groove"],
+                                "--json", out)
+    assert code == 0, err
+
+    def refuse(constant):
+        raise ValueError(f"not JSON: {constant}")
+
+    data = json.loads(out.read_text(), parse_constant=refuse)
+    assert data["generated"]["H1"] is None and data["generated"]["GS"] == pytest.approx(1.0)
+    assert "drums" in stdout

@@ -335,3 +335,19 @@ def test_prompt_meter_outside_the_vocabulary_is_said_and_marked(run_cli, tiny_ch
     meters = [(t.numerator, t.denominator, t.time) for t in got.time_signature_changes]
     assert meters == [(9, 4, 0), (8, 4, 3 * 8 * 480)]
     assert max(n.start for n in got.instruments[0].notes) == 3 * 8 * 480
+
+
+def test_a_piece_from_scratch_opens_on_a_note(tiny_checkpoint):
+    model, tok = load_model(tiny_checkpoint)
+    prime, step = model.prime, model.step
+
+    def favour_bar(logits):  # a model that would rather open empty bars than play
+        logits[..., tok.bar_id] += 30.0
+        return logits
+
+    model.prime = lambda ids, **kw: (lambda out: (favour_bar(out[0]), out[1]))(prime(ids, **kw))
+    model.step = lambda state, ids: (lambda out: (favour_bar(out[0]), out[1]))(step(state, ids))
+    for seed in range(3):
+        names = tok.ids_to_tokens(sample(model, tok, num=2, length=60, seed=seed).ids[1])
+        first_note = next(i for i, t in enumerate(names) if t.startswith("Position"))
+        assert names[:first_note].count("Bar") == 1, names[:first_note]

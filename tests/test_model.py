@@ -463,6 +463,24 @@ def test_config_roundtrip_and_presets():
     assert (paper.n_layers, paper.d_model, paper.n_features, paper.n_realizations) == (24, 512, 128, 64)
 
 
+def test_bad_ids_and_options_are_clear_errors():
+    m = Performer(ModelConfig.preset("tiny", vocab_size=V)).eval()
+    ok = torch.randint(0, V, (1, 8))
+    for ids, message in [(torch.tensor([[1, 2, V]]), f"0 … {V - 1}"), (torch.tensor([[-1, 2]]), f"0 … {V - 1}"),
+                         (ok.float(), "integer token ids"), (ok[0], "2-D")]:
+        with pytest.raises(SpemusicError, match=message):
+            m(ids)
+    _, state = m.prime(ok)
+    with pytest.raises(SpemusicError, match="batch 1"):
+        m.step(state, torch.tensor([5, 6]))
+    with pytest.raises(SpemusicError, match="0 …"):
+        m.step(state, torch.tensor([V]))
+    with pytest.raises(SpemusicError, match="weights_dtype"):
+        m.prime(ok, weights_dtype=torch.int8)
+    with pytest.raises(SpemusicError, match="gated"):
+        ModelConfig.preset("tiny", vocab_size=V, gated="no")
+
+
 def test_share_pe_false_and_batched_generation():
     m = _model(pe="sinespe", share_pe=False)
     assert len(m.spe) == m.cfg.n_layers

@@ -168,6 +168,33 @@ def test_foreign_and_malicious_checkpoints_are_refused(run_cli, tiny_checkpoint,
     assert code == 1 and "do not fit" in err
 
 
+@pytest.mark.parametrize("toml,message", [
+    ('steps = "five"', "steps in"), ("steps = 5.5", "must be an integer"), ('gated = "no"', "true or false"),
+    ('lr = "1e-3"', "must be a number"), ("[train]\nsteps = 5", "top-level keys"), ("bogus = 1", "bogus"),
+])
+def test_config_file_values_are_checked(run_cli, pop_cache, tmp_path, toml, message):
+    config = tmp_path / "c.toml"
+    config.write_text(toml + "\n")
+    code, _, err = run_cli("train", pop_cache, "-o", tmp_path / "r", "--config", config)
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 1 and len(lines) == 1 and message in lines[0] and "Traceback" not in err, err
+    assert "c.toml" in lines[0] and not (tmp_path / "r").exists()
+
+
+def test_resume_from_another_folder_and_stop_after_says_how(run_cli, pop_subset, tmp_path, monkeypatch):
+    import shutil
+
+    work = tmp_path / "work"
+    shutil.copytree(pop_subset, work / "midi", symlinks=True)
+    monkeypatch.chdir(work)  # DATA and RUN given relative to this folder
+    code, _, err = run_cli("train", "midi", "-o", "run", "--preset", "tiny", "--seq-len", 64, "--batch-size", 2,
+                           "--steps", 4, "--stop-after", 2, "--val-every", 100)
+    assert code == 0 and "stopped (--stop-after): step 2/4" in err and "train --resume run" in err, err
+    monkeypatch.chdir(tmp_path)
+    code, _, err = run_cli("train", "--resume", work / "run")
+    assert code == 0 and "done: step 4/4" in err, err
+
+
 def test_train_bad_options(run_cli, pop_cache, tmp_path):
     code, _, err = run_cli("train", tmp_path / "missing", "-o", tmp_path / "r", "--steps", 1)
     assert code == 1 and "no such file or folder" in err
