@@ -469,7 +469,7 @@ def _report(rows, result, seed, as_json, midis, prompt_bars: int, only_continuat
                 f" ({prompt_bars} of the prompt, {new_bars} new)" if file_bars != new_bars else "")
             dropped = result.new_tokens - new_tokens if by_length else 0
             err.print(f"wrote {path}: {bars}, {notes} notes, {seconds:.1f} s of music ({new_tokens} new tokens at "
-                      f"{tps:,.0f} tok/s" + (f"; the unfinished last bar's {dropped} dropped" if dropped > 0 else "")
+                      f"{tps:,.0f} tok/s" + (f"; {dropped} tokens of an unfinished last bar dropped" if dropped > 0 else "")
                       + ")", highlight=False)
         if new_bars == 0 or notes == 0:
             err.print(f"[yellow]warning:[/] {escape(str(path))}: no new notes: {result.new_tokens} tokens did not "
