@@ -75,6 +75,15 @@ def resolve(name_or_path: str | Path) -> Path:
     raise SpemusicError(f"unknown model {str(name_or_path)!r}: not a file or folder, and not a shipped model ({known})")
 
 
+def run_checkpoint_used(name_or_path: str | Path) -> str | None:
+    """When a model name or path stands for a training run (a folder of runs), which of its
+    checkpoints is used, e.g. "runs/pop/best, the run's best checkpoint"; None otherwise."""
+    folder = resolve(name_or_path).parent
+    if folder.name in ("best", "last") and (folder.parent / "run.json").is_file():
+        return f"{folder}, the run's {folder.name} checkpoint"
+    return None
+
+
 def read_metadata(weights: Path) -> dict:
     try:
         with safetensors.safe_open(str(weights), framework="pt") as f:

@@ -94,14 +94,15 @@ def _convert_many(inputs, output, suffixes, new_suffix, convert, what: str, over
     if not folder_mode:
         src = pairs[0][0]
         dest = output or src.with_suffix(new_suffix)
-        if as_folder and not dest.is_dir():
+        if as_folder and not dest.is_dir():  # a new folder: convert() makes it once its work succeeded
             check_output_folder(dest)
-            dest.mkdir(parents=True)
-        if dest.is_dir():
             dest = dest / (src.stem + new_suffix)
-        if dest.resolve() == src.resolve():
-            raise SpemusicError(f"{dest}: is the input itself; give another -o")
-        check_output_file(dest, overwrite)
+        else:
+            if dest.is_dir():
+                dest = dest / (src.stem + new_suffix)
+            if dest.resolve() == src.resolve():
+                raise SpemusicError(f"{dest}: is the input itself; give another -o")
+            check_output_file(dest, overwrite)
         convert(src, dest)
         err.print(f"{what} {src} -> {dest}")
         return
@@ -112,6 +113,11 @@ def _convert_many(inputs, output, suffixes, new_suffix, convert, what: str, over
     for src, base in pairs:
         rel = src.relative_to(base) if base in src.parents else Path(src.name)
         jobs.append((src, output / rel.with_suffix(new_suffix)))
+    sources: dict[Path, Path] = {}
+    for src, dest in jobs:
+        if dest in sources:
+            raise SpemusicError(f"{sources[dest]} and {src} would both be written to {dest}; convert them separately")
+        sources[dest] = src
     existing = [dest for _, dest in jobs if dest.exists()]
     if existing and not overwrite:
         raise SpemusicError(f"{len(existing)} of the {len(jobs)} outputs already exist in {output} (first: "
@@ -120,7 +126,6 @@ def _convert_many(inputs, output, suffixes, new_suffix, convert, what: str, over
     with _progress(TextColumn(f"[bold]{what}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()) as progress:
         task = progress.add_task(what, total=len(pairs))
         for src, dest in jobs:
-            dest.parent.mkdir(parents=True, exist_ok=True)
             try:
                 convert(src, dest)
             except SpemusicError as e:
@@ -159,6 +164,7 @@ def tokenize(
 
     def convert(src: Path, dest: Path) -> None:
         ids = tok.encode(src)
+        dest.parent.mkdir(parents=True, exist_ok=True)  # a new output folder, once there is something to write
         _write_text_atomically("\n".join(tok.ids_to_tokens(ids)) + "\n", dest)
 
     _convert_many(inputs, output, {".mid", ".midi"}, ".txt", convert, "tokenized", overwrite)
@@ -179,11 +185,15 @@ def detokenize(
 
     spemusic detokenize my_tokens/ -o my_midis_again/
     """
+    import numpy as np
+
+    from .files import write_atomically
     from .grammar import REMIGrammar
     from .tokenizer import REMITokenizer
 
     tok = REMITokenizer()
-    grammar = REMIGrammar(tok, strict_order=False)  # the decoder takes a Position's notes in any order
+    grammar = REMIGrammar(tok)
+    pitch_lo, pitch_hi = tok.range("Pitch")
 
     def convert(src: Path, dest: Path) -> None:
         try:
@@ -196,13 +206,20 @@ def detokenize(
             ids = tok.tokens_to_ids([t for _, t in numbered])
         except (ValueError, KeyError) as e:
             raise SpemusicError(f"{src}: {e}") from None
-        bad = grammar.first_violation(ids)
-        if bad is not None:
-            # the decoder skips what does not form a note: say so rather than drop notes silently
-            line, token = numbered[bad]
-            err.print(f"[yellow]warning:[/] {escape(str(src))}: line {line} ({escape(token)}) breaks the REMI "
-                      "grammar; tokens that do not form a note there are skipped", highlight=False)
-        tok.write_midi(ids, dest)
+        score = tok.decode_to_score(ids)
+        # every note has one Pitch token: fewer notes means the decoder skipped some (a Pitch
+        # without its Program, Velocity or Duration); say so, and where the tokens first leave the
+        # grammar, rather than drop them silently
+        pitches = int(np.count_nonzero((ids >= pitch_lo) & (ids < pitch_hi)))
+        notes = sum(len(t.notes) for t in score.tracks)
+        if notes < pitches:
+            bad = grammar.first_violation(ids)
+            where = (f"; the tokens first leave the REMI grammar at line {numbered[bad][0]} ({numbered[bad][1]})"
+                     if bad is not None else "")
+            err.print(f"[yellow]warning:[/] {escape(str(src))}: {pitches - notes} of {pitches} notes could not be "
+                      f"formed and are skipped{escape(where)}", highlight=False)
+        dest.parent.mkdir(parents=True, exist_ok=True)  # a new output folder, once there is something to write
+        write_atomically(score.dumps_midi(), dest)
 
     _convert_many(inputs, output, {".txt"}, ".mid", convert, "detokenized", overwrite)
 
@@ -399,13 +416,12 @@ def _read_toml(path: Path) -> dict:
 # ----------------------------------------------------------------------------- generate / continue
 
 def _say_which_checkpoint(name_or_path) -> None:
-    """A run folder stands for its `best` checkpoint (else `last`): say which one is used."""
-    from .checkpoint import resolve
+    """A training run stands for its `best` checkpoint (else `last`): say which one is used."""
+    from .checkpoint import run_checkpoint_used
 
-    if name_or_path and Path(name_or_path).is_dir():
-        folder = resolve(name_or_path).parent
-        if folder != Path(name_or_path):
-            err.print(f"model: {escape(str(folder))} (the run's {folder.name} checkpoint)", highlight=False)
+    which = run_checkpoint_used(name_or_path) if name_or_path else None
+    if which:
+        err.print(f"model: {escape(which)}", highlight=False)
 
 
 def _sampling_progress(total: int | None, disable: bool) -> Progress:
@@ -450,7 +466,7 @@ def _run_sampling(model, tok, *, num, length, bars, prompt, options, seed, weigh
         return result
 
 
-def _report(rows, result, seed, as_json, midis, prompt_bars: int, only_continuation: bool, by_length: bool):
+def _report(rows, result, seed, as_json, midis, prompt_bar_count: int, only_continuation: bool, by_length: bool):
     """One line (or JSON object) per file written. rows: (path, new tokens kept, new bars). by_length:
     every piece sampled result.new_tokens tokens (--length), of which the unfinished last bar is dropped."""
     from .generate import midi_stats
@@ -458,7 +474,7 @@ def _report(rows, result, seed, as_json, midis, prompt_bars: int, only_continuat
     tps = result.new_tokens * len(rows) / max(result.wall_seconds, 1e-9)
     for (path, new_tokens, new_bars), midi in zip(rows, midis):
         notes, seconds = midi_stats(midi)
-        file_bars = new_bars if only_continuation else prompt_bars + new_bars
+        file_bars = new_bars if only_continuation else prompt_bar_count + new_bars
         record = {"file": str(path), "tokens": int(new_tokens), "bars": file_bars, "new_bars": new_bars,
                   "notes": notes, "music_seconds": round(seconds, 3), "wall_seconds": round(result.wall_seconds, 3),
                   "tokens_per_s": round(tps, 1), "seed": seed}
@@ -466,7 +482,7 @@ def _report(rows, result, seed, as_json, midis, prompt_bars: int, only_continuat
             print(json.dumps(record), flush=True)
         else:
             bars = f"{file_bars} bar{'s' * (file_bars != 1)}" + (
-                f" ({prompt_bars} of the prompt, {new_bars} new)" if file_bars != new_bars else "")
+                f" ({prompt_bar_count} of the prompt, {new_bars} new)" if file_bars != new_bars else "")
             dropped = result.new_tokens - new_tokens if by_length else 0
             err.print(f"wrote {path}: {bars}, {notes} notes, {seconds:.1f} s of music ({new_tokens} new tokens at "
                       f"{tps:,.0f} tok/s" + (f"; {dropped} tokens of an unfinished last bar dropped" if dropped > 0 else "")
@@ -578,22 +594,23 @@ def _generate_or_continue(model_name, prompt_path, prompt_bars, length, bars, nu
     _say_which_checkpoint(model_name)
     if prompt is not None and tok.config != REMITokenizer().config:
         prompt = load_prompt(prompt_path, tok, prompt_bars)
-    for note in prompt.notes if prompt is not None else []:
-        err.print(f"[yellow]note:[/] {escape(str(prompt_path))}: {escape(note)}", highlight=False)
+    for caveat in prompt.caveats if prompt is not None else []:
+        err.print(f"[yellow]note:[/] {escape(str(prompt_path))}: {escape(caveat)}", highlight=False)
     result = _run_sampling(model, tok, num=num, length=length, bars=bars,
                            prompt=None if prompt is None else prompt.ids, options=options, seed=seed,
                            weights_dtype={"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}.get(
                                precision.value),  # auto: None, the sampler picks
                            quiet=as_json and not sys.stderr.isatty())
     prompt_len = 1 if prompt is None else len(prompt.ids)  # BOS, or the prompt's tokens
-    prompt_bars = 0 if prompt is None else count_bars(prompt.ids, tok)
+    prompt_bar_count = 0 if prompt is None else count_bars(prompt.ids, tok)
     midis, rows = [], []
     for path, ids in zip(paths, result.ids):
         midi = tok.decode(ids) if prompt is None else merge_continuation(prompt, ids, tok, only_continuation)
+        path.parent.mkdir(parents=True, exist_ok=True)  # -o NEW_FOLDER/
         write_atomically(midi_bytes(midi), path)
         midis.append(midi)
-        rows.append((path, len(ids) - prompt_len - 1, count_bars(ids, tok) - prompt_bars))  # - EOS
-    _report(rows, result, seed, as_json, midis, prompt_bars, only_continuation, by_length=bars is None)
+        rows.append((path, len(ids) - prompt_len - 1, count_bars(ids, tok) - prompt_bar_count))  # - EOS
+    _report(rows, result, seed, as_json, midis, prompt_bar_count, only_continuation, by_length=bars is None)
     if result.interrupted:
         err.print("interrupted: wrote the music generated so far")
         raise typer.Exit(130)

@@ -20,6 +20,8 @@ def check_output_file(path: str | Path, overwrite: bool = True, option: str = ""
     if path.exists() and not overwrite:
         raise SpemusicError(f"{label}: already exists (use --overwrite to replace it)")
     parent = path.parent
+    if parent.exists() and not parent.is_dir():
+        raise SpemusicError(f"{label}: cannot write: {parent} is a file, not a folder")
     if not parent.is_dir():
         raise SpemusicError(f"{label}: cannot write: folder {parent} does not exist")
     if not os.access(parent, os.W_OK):
@@ -33,7 +35,9 @@ def check_output_folder(path: str | Path, option: str = "-o") -> Path:
     if path.exists() and not path.is_dir():
         raise SpemusicError(f"{option} {path}: exists and is not a folder")
     existing = next(p for p in (path, *path.parents) if p.exists())
-    if not existing.is_dir() or not os.access(existing, os.W_OK):
+    if not existing.is_dir():
+        raise SpemusicError(f"{option} {path}: cannot write: {existing} is a file, not a folder")
+    if not os.access(existing, os.W_OK):
         raise SpemusicError(f"{option} {path}: cannot write: folder {existing} is not writable")
     return path
 

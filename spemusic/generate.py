@@ -18,19 +18,20 @@ from .tokenizer import REMITokenizer
 
 def output_paths(out: str | Path, num: int, overwrite: bool) -> list[Path]:
     """OUT.mid for one piece; OUT-1.mid … OUT-K.mid for K (or piece-i.mid inside a folder: an
-    existing one, or OUT/ with a trailing slash, created). Refuses, before any sampling, outputs
-    that exist (without --overwrite) or cannot be written."""
-    as_folder = str(out).endswith(("/", os.sep))
+    existing one, or OUT/ with a trailing slash, which the writer creates: nothing is made before
+    the work succeeds). Refuses, before any sampling, outputs that exist (without --overwrite) or
+    cannot be written."""
+    new_folder = str(out).endswith(("/", os.sep)) and not Path(out).is_dir()
     out = Path(out)
-    if as_folder and not out.is_dir():
-        check_output_folder(out)
-        out.mkdir(parents=True)
-    if out.is_dir():
+    if new_folder or out.is_dir():
         paths = [out / f"piece-{i + 1}.mid" for i in range(num)] if num > 1 else [out / "piece.mid"]
     elif num > 1:
         paths = [out.with_name(f"{out.stem}-{i + 1}{out.suffix or '.mid'}") for i in range(num)]
     else:
         paths = [out if out.suffix else out.with_suffix(".mid")]
+    if new_folder:
+        check_output_folder(out)  # its files cannot exist yet
+        return paths
     for p in paths:
         check_output_file(p, overwrite)
     return paths
@@ -83,7 +84,7 @@ class Prompt:
     ids: np.ndarray                 # its tokens, BOS … last note (no EOS)
     end_beats: float                # where the continuation starts, in quarter notes
     only_drums: bool
-    notes: list[str] = field(default_factory=list)  # what the model reads differently from the file
+    caveats: list[str] = field(default_factory=list)  # what the model reads differently from the file
 
 
 def load_prompt(path: Path, tokenizer: REMITokenizer, prompt_bars: int | None = None) -> Prompt:

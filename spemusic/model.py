@@ -383,12 +383,12 @@ class Performer(nn.Module):
     def _head(self, x: torch.Tensor) -> torch.Tensor:
         return norm_linear(x, self.ln_f, self.tok.weight, None)
 
-    def _check_ids(self, ids: torch.Tensor, ndim: int):
+    def _check_ids(self, ids: torch.Tensor, ndim: int, check_range: bool = True):
         if not isinstance(ids, torch.Tensor) or ids.dim() != ndim:
             raise SpemusicError(f"expected token ids as a {ndim}-D LongTensor")
         if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
             raise SpemusicError(f"expected integer token ids, not {ids.dtype}")
-        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= self.cfg.vocab_size):
+        if check_range and ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= self.cfg.vocab_size):
             raise SpemusicError(f"token ids must be in 0 … {self.cfg.vocab_size - 1} (this model's vocabulary), "
                                 f"got {int(ids.min())} … {int(ids.max())}")
 
@@ -449,7 +449,8 @@ class Performer(nn.Module):
     def step(self, state: State, next_ids: torch.Tensor):
         """Feed one token per sequence at ``state.position``: (B,) -> (logits (B, V), state).
         The state is updated in place (and returned)."""
-        self._check_ids(next_ids, 1)
+        # the range check reads the ids on the host: per token, only where they already are (CPU)
+        self._check_ids(next_ids, 1, check_range=next_ids.device.type == "cpu")
         if next_ids.shape[0] != state.batch_size:
             raise SpemusicError(f"step: {next_ids.shape[0]} token ids for a state of batch {state.batch_size}")
         if self.abs_pe is not None:

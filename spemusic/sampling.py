@@ -142,8 +142,10 @@ def sample(model: Performer, tokenizer: REMITokenizer, *, num: int = 1, length: 
     prompt = np.asarray(prompt, dtype=np.int64)
     max_tokens = len(prompt) + (length if length is not None else 10**9)
     if model.cfg.pe in ("ape", "sinusoidal", "axial") and length is not None and max_tokens > model.cfg.max_len:
+        need = (f"the prompt's {len(prompt)} tokens and --length {length} need {max_tokens}" if len(prompt) > 1
+                else f"--length {length} needs {max_tokens} with the start token")
         raise SpemusicError(f"this model uses an absolute positional encoding limited to {model.cfg.max_len} "
-                            f"tokens; {'the prompt and ' if len(prompt) > 1 else ''}--length ask for {max_tokens}")
+                            f"tokens; {need}")
     states = [GrammarState() for _ in range(num)]
     for st in states:
         for t in prompt:

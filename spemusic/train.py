@@ -242,10 +242,12 @@ def train(cfg: TrainConfig, run_dir: Path, resume: bool = False, stop_after: int
                                 "start it again: train … -o with the same folder")
         saved_run = json.loads(run_file.read_text())
         saved = TrainConfig.from_dict(saved_run["train"], source=str(run_file))
-        if not Path(saved.data).exists() and Path(saved_run.get("data_cache", "")).is_dir():
-            saved.data = saved_run["data_cache"]  # a run recorded with a relative DATA, resumed elsewhere
+        cache = saved_run.get("data_cache")
+        if cache and not Path(saved.data).exists() and Path(cache).is_dir():
+            saved.data = cache  # a run recorded with a relative DATA, resumed elsewhere
         # options given again on resume may only extend the run, not change the model or data
         saved.steps = max(saved.steps, cfg.steps) if cfg.steps else saved.steps
+        saved.epochs = 0.0  # a run started with --epochs recorded the steps they came to
         cfg = saved
     cfg.check()
     if not resume:
@@ -342,8 +344,6 @@ def train(cfg: TrainConfig, run_dir: Path, resume: bool = False, stop_after: int
                         if line.strip() and json.loads(line)["step"] <= step]
                 metrics.write_text("".join(line + "\n" for line in kept))
     elif is_main:
-        if (run_dir / "last").exists():
-            raise SpemusicError(f"{run_dir}: already holds a training run; use --resume {run_dir} or another -o")
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "metrics.jsonl").unlink(missing_ok=True)
         (run_dir / "run.json").write_text(json.dumps(
@@ -361,8 +361,9 @@ def train(cfg: TrainConfig, run_dir: Path, resume: bool = False, stop_after: int
     n_params = model.num_parameters()
     if is_main:
         start = f"fine-tuning {cfg.init_from}" if cfg.init_from else cfg.preset
-        if cfg.init_from and Path(cfg.init_from).is_dir() and checkpoint.resolve(cfg.init_from).parent != Path(cfg.init_from):
-            start += f" (its {checkpoint.resolve(cfg.init_from).parent.name} checkpoint)"
+        which = checkpoint.run_checkpoint_used(cfg.init_from) if cfg.init_from else None
+        if which:
+            start += f" ({which})"
         console.print(f"[bold]spemusic train[/]: {start} ({n_params / 1e6:.2f}M parameters), pe={cfg.pe}"
                       f"{' gated' if cfg.gated and cfg.pe in ('sinespe', 'convspe') else ''}, attention={cfg.attention}, "
                       f"seq-len {cfg.seq_len}, {tokens_per_step} tokens/step, {cfg.steps} steps, "

@@ -200,7 +200,7 @@ def test_detokenize_says_where_tokens_break_the_grammar(run_cli, examples, tmp_p
     code, _, err = run_cli("detokenize", bad, "-o", tmp_path / "bad.mid")
     assert code == 0, err
     # the Duration that follows the missing Velocity is the first token out of place (1-based lines)
-    assert f"line {first_velocity + 1} ({lines[first_velocity + 1]})" in err and "warning" in err
+    assert f"line {first_velocity + 1} ({lines[first_velocity + 1]})" in err and "1 of " in err and "warning" in err
     assert len(REMITokenizer().decode(REMITokenizer().encode(tmp_path / "bad.mid")).instruments[0].notes) > 0
     code, _, err = run_cli("detokenize", txt, "-o", tmp_path / "good.mid")
     assert code == 0 and "warning" not in err
@@ -250,6 +250,33 @@ def test_tokenize_into_a_new_folder_with_a_trailing_slash(run_cli, examples, tmp
     code, _, err = run_cli("tokenize", examples["piano"], "-o", f"{tmp_path / 'tokens'}/")
     assert code == 0, err
     assert (tmp_path / "tokens" / "piano.txt").is_file()
+    bad = tmp_path / "bad.mid"
+    bad.write_bytes(b"not midi")
+    code, _, err = run_cli("tokenize", bad, "-o", f"{tmp_path / 'never'}/")
+    assert code == 1 and not (tmp_path / "never").exists()  # nothing made when the work fails
+
+
+def test_doubled_notes_round_trip_without_a_warning(run_cli, tmp_path):
+    import miditoolkit
+
+    midi = miditoolkit.MidiFile(ticks_per_beat=480)
+    piano = miditoolkit.Instrument(program=0)
+    # the same pitch twice at one onset (POP909 has such notes): the tokenizer keeps both
+    piano.notes = [miditoolkit.Note(80, 60, 0, 960), miditoolkit.Note(70, 60, 0, 480), miditoolkit.Note(70, 64, 480, 960)]
+    midi.instruments.append(piano)
+    midi.dump(str(tmp_path / "doubled.mid"))
+    assert run_cli("tokenize", tmp_path / "doubled.mid", "-o", tmp_path / "doubled.txt")[0] == 0
+    code, _, err = run_cli("detokenize", tmp_path / "doubled.txt", "-o", tmp_path / "again.mid")
+    assert code == 0 and "warning" not in err, err
+    assert sum(len(i.notes) for i in miditoolkit.MidiFile(str(tmp_path / "again.mid")).instruments) == 3
+
+
+def test_two_inputs_for_one_output_are_refused(run_cli, examples, tmp_path):
+    for sub in ("a", "b"):
+        (tmp_path / sub).mkdir()
+        (tmp_path / sub / "x.mid").write_bytes(examples["piano"].read_bytes())
+    code, _, err = run_cli("tokenize", tmp_path / "a" / "x.mid", tmp_path / "b" / "x.mid", "-o", tmp_path / "out")
+    assert code == 1 and "would both be written to" in err and not (tmp_path / "out").exists()
 
 
 def test_metrics_json_is_valid_for_drums(run_cli, examples, tmp_path):

@@ -193,6 +193,12 @@ def test_resume_from_another_folder_and_stop_after_says_how(run_cli, pop_subset,
     monkeypatch.chdir(tmp_path)
     code, _, err = run_cli("train", "--resume", work / "run")
     assert code == 0 and "done: step 4/4" in err, err
+    # a run planned in epochs resumes too (its record holds the steps they came to)
+    code, _, err = run_cli("train", work / "midi", "-o", work / "ep", "--preset", "tiny", "--seq-len", 64,
+                           "--batch-size", 2, "--epochs", 0.02, "--stop-after", 1, "--val-every", 100)
+    assert code == 0, err
+    code, _, err = run_cli("train", "--resume", work / "ep")
+    assert code == 0 and "done: step" in err, err
 
 
 def test_train_bad_options(run_cli, pop_cache, tmp_path):
