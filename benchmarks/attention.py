@@ -12,8 +12,8 @@ installed) and spemusic softmax (SDPA). Sequence lengths 512..8192 with the
 batch chosen to keep ~8k tokens per step. A step = forward + cross-entropy +
 backward + AdamW update. Peak memory = peak RSS of the child process.
 
-Also prints training FLOP utilisation: model FLOPs per token (6 x matmul
-params + attention terms, x3 for forward+backward) x tokens/s divided by a
+Also prints training FLOP utilisation: model FLOPs per token (3 x the forward's: 2 x matmul
+parameters + the attention and sineSPE terms, for forward + backward) x tokens/s divided by a
 measured fp32 matmul peak, and (fp32) a ceiling table: spemusic favor's tokens/s if every
 model FLOP ran at that peak, the FLOP utilisation 3x performer-pytorch's speed would need, and the
 rate the model's dense GEMMs themselves reach at the step's shapes.

@@ -1,4 +1,4 @@
-"""Music metrics of the shipped models against real held-in data, side by side.
+"""Music metrics of the shipped models against real held-out data (valid splits), side by side.
 
 1. pop-piano: N generated pieces of L tokens vs the POP909 valid pieces (each cut to L tokens):
    H1, H4, GS, note density, polyphony, pitch range, and the generated/real ratio.

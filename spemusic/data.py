@@ -266,7 +266,7 @@ class WindowSampler:
 
     Why the share: generation from scratch starts at BOS, and the first bar's time signature is
     then the model's to choose. Drawn uniformly over bar starts, piece starts would be one window
-    in a thousand for POP909 (bars of one beat), too few to learn that choice: a model trained so
+    in 260 for POP909 (mostly bars of one beat), too few to learn that choice: a model trained so
     picked a meter rare in the data for most pieces (bars of 2 to 8 beats, only the first one played)."""
 
     PIECE_START_SHARE = 0.1

@@ -109,7 +109,7 @@ def canonical(ids: np.ndarray, tokenizer: REMITokenizer) -> np.ndarray:
 def auto_step_dtype(device, batch: int) -> torch.dtype:
     """Half-precision step weights: fp16 (NLL within 1e-5 nats of fp32 on the shipped models,
     benchmarks/step_precision.py), or bf16 from batch 8 on a CPU with native bf16 (there its
-    matrix products beat fp16's: 2,325 vs 1,797 tokens/s at batch 8 on this project's 2-core
+    matrix products beat fp16's: 1,694–1,752 vs 1,511–1,524 tokens/s at batch 8 on this project's 2-core
     AVX512-BF16 machine; NLL within 1e-4 nats)."""
     from .train import cpu_has_fast_bf16
 
