@@ -96,18 +96,22 @@ def child(args):
     print(json.dumps({"tok_s": B * T / med, "peak_mb": peak}))
 
 
+def gflops(run, flops_per_run: float, warmup: int, n: int) -> float:
+    """GFLOP/s of ``run()`` over n timed calls after warm-up calls."""
+    for _ in range(warmup):
+        run()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        run()
+    return flops_per_run * n / (time.perf_counter() - t0) / 1e9
+
+
 def matmul_peak(threads: int) -> float:
     import torch
 
     torch.set_num_threads(threads)
     a, b = torch.randn(1024, 1024), torch.randn(1024, 1024)
-    for _ in range(3):
-        a @ b
-    n = 10
-    t0 = time.perf_counter()
-    for _ in range(n):
-        a @ b
-    return 2 * 1024**3 * n / (time.perf_counter() - t0) / 1e9
+    return gflops(lambda: a @ b, 2 * 1024**3, warmup=3, n=10)
 
 
 def dense_gemm_rate(threads: int, d: int, dff: int, rows: int = TOKENS) -> float:
@@ -126,14 +130,7 @@ def dense_gemm_rate(threads: int, d: int, dff: int, rows: int = TOKENS) -> float
             y @ w  # grad of x
             y.T @ x  # grad of w
 
-    for _ in range(2):
-        layer()
-    n = 5
-    t0 = time.perf_counter()
-    for _ in range(n):
-        layer()
-    flops = sum(3 * 2 * rows * i * o for i, o in shapes) * n
-    return flops / (time.perf_counter() - t0) / 1e9
+    return gflops(layer, sum(3 * 2 * rows * i * o for i, o in shapes), warmup=2, n=5)
 
 
 def main():

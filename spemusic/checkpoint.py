@@ -51,10 +51,16 @@ def available_models() -> dict[str, Path]:
     found: dict[str, Path] = {}
     for root in shipped_checkpoint_dirs():
         for d in sorted(root.iterdir()):
-            folder = next((c for c in (d, d / "best", d / "last") if (c / WEIGHTS).is_file()), None)
-            if folder is not None and d.name not in found:
-                found[d.name] = folder
+            weights = _weights_in(d)
+            if weights is not None and d.name not in found:
+                found[d.name] = weights.parent
     return found
+
+
+def _weights_in(folder: Path) -> Path | None:
+    """The weights of a checkpoint folder, or of a run folder (its `best`, else `last`)."""
+    return next((c for c in (folder / WEIGHTS, folder / "best" / WEIGHTS, folder / "last" / WEIGHTS)
+                 if c.is_file()), None)
 
 
 def resolve(name_or_path: str | Path) -> Path:
@@ -64,10 +70,10 @@ def resolve(name_or_path: str | Path) -> Path:
     if p.is_file():
         return p
     if p.is_dir():
-        for candidate in (p / WEIGHTS, p / "best" / WEIGHTS, p / "last" / WEIGHTS):
-            if candidate.is_file():
-                return candidate
-        raise SpemusicError(f"{p}: not a spemusic checkpoint (no {WEIGHTS})")
+        weights = _weights_in(p)
+        if weights is None:
+            raise SpemusicError(f"{p}: not a spemusic checkpoint (no {WEIGHTS})")
+        return weights
     models = available_models()
     if str(name_or_path) in models:
         return models[str(name_or_path)] / WEIGHTS

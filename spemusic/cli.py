@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import sys
 import threading
@@ -86,15 +85,15 @@ def _expand_inputs(inputs: List[Path], suffixes: set[str]) -> tuple[list[tuple[P
 
 
 def _convert_many(inputs, output, suffixes, new_suffix, convert, what: str, overwrite: bool) -> None:
-    from .files import check_output_file, check_output_folder
+    from .files import check_output_file, check_output_folder, names_new_folder
 
     pairs, folder_mode = _expand_inputs(inputs, suffixes)
-    as_folder = output is not None and output.endswith(("/", os.sep))
+    new_folder = output is not None and names_new_folder(output)
     output = Path(output) if output is not None else None
     if not folder_mode:
         src = pairs[0][0]
         dest = output or src.with_suffix(new_suffix)
-        if as_folder and not dest.is_dir():  # a new folder: convert() makes it once its work succeeded
+        if new_folder:  # convert() writes through write_output, which makes it
             check_output_folder(dest)
             dest = dest / (src.stem + new_suffix)
         else:
@@ -137,12 +136,6 @@ def _convert_many(inputs, output, suffixes, new_suffix, convert, what: str, over
               + (f", {len(failures)} skipped" if failures else ""))
 
 
-def _write_text_atomically(text: str, dest: Path) -> None:
-    from .files import write_atomically
-
-    write_atomically(text.encode(), dest)
-
-
 @app.command()
 def tokenize(
     inputs: List[Path] = typer.Argument(..., help="MIDI files or folders (searched recursively)."),
@@ -158,14 +151,13 @@ def tokenize(
 
     spemusic tokenize my_midis/ -o my_tokens/
     """
+    from .files import write_output
     from .tokenizer import REMITokenizer
 
     tok = REMITokenizer()
 
     def convert(src: Path, dest: Path) -> None:
-        ids = tok.encode(src)
-        dest.parent.mkdir(parents=True, exist_ok=True)  # a new output folder, once there is something to write
-        _write_text_atomically("\n".join(tok.ids_to_tokens(ids)) + "\n", dest)
+        write_output(("\n".join(tok.ids_to_tokens(tok.encode(src))) + "\n").encode(), dest)
 
     _convert_many(inputs, output, {".mid", ".midi"}, ".txt", convert, "tokenized", overwrite)
 
@@ -187,7 +179,7 @@ def detokenize(
     """
     import numpy as np
 
-    from .files import write_atomically
+    from .files import write_output
     from .grammar import REMIGrammar
     from .tokenizer import REMITokenizer
 
@@ -218,8 +210,7 @@ def detokenize(
                      if bad is not None else "")
             err.print(f"[yellow]warning:[/] {escape(str(src))}: {pitches - notes} of {pitches} notes could not be "
                       f"formed and are skipped{escape(where)}", highlight=False)
-        dest.parent.mkdir(parents=True, exist_ok=True)  # a new output folder, once there is something to write
-        write_atomically(score.dumps_midi(), dest)
+        write_output(score.dumps_midi(), dest)
 
     _convert_many(inputs, output, {".txt"}, ".mid", convert, "detokenized", overwrite)
 
@@ -241,12 +232,7 @@ def data_prepare(
     spemusic data prepare ../shared/data/pop909 -o cache/pop909
     """
     from .data import prepare
-    from .files import check_output_folder
 
-    if not midi_dir.is_dir():  # checked here too, so that the error is not printed under an empty progress bar
-        raise SpemusicError(f"{midi_dir}: {'not a folder' if midi_dir.exists() else 'no such folder'} "
-                            "(give a folder of MIDI files)")
-    check_output_folder(output)
     with _progress(TextColumn("[bold]tokenizing"), BarColumn(), MofNCompleteColumn(), TextColumn("files"),
                    TimeElapsedColumn(), TimeRemainingColumn()) as progress:
         t0 = time.perf_counter()
@@ -566,7 +552,7 @@ def _generate_or_continue(model_name, prompt_path, prompt_bars, length, bars, nu
     import torch
 
     from .checkpoint import load_model
-    from .files import write_atomically
+    from .files import write_output
     from .generate import count_bars, load_prompt, merge_continuation, midi_bytes, output_paths
     from .sampling import SamplingOptions
     from .tokenizer import REMITokenizer
@@ -606,8 +592,7 @@ def _generate_or_continue(model_name, prompt_path, prompt_bars, length, bars, nu
     midis, rows = [], []
     for path, ids in zip(paths, result.ids):
         midi = tok.decode(ids) if prompt is None else merge_continuation(prompt, ids, tok, only_continuation)
-        path.parent.mkdir(parents=True, exist_ok=True)  # -o NEW_FOLDER/
-        write_atomically(midi_bytes(midi), path)
+        write_output(midi_bytes(midi), path)
         midis.append(midi)
         rows.append((path, len(ids) - prompt_len - 1, count_bars(ids, tok) - prompt_bar_count))  # - EOS
     _report(rows, result, seed, as_json, midis, prompt_bar_count, only_continuation, by_length=bars is None)

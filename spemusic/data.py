@@ -145,7 +145,7 @@ def prepare(
     if not midi_dir.is_dir():
         raise SpemusicError(f"{midi_dir}: {'not a folder' if midi_dir.exists() else 'no such folder'} "
                             "(give a folder of MIDI files)")
-    check_output_folder(cache_dir, option="cache")
+    check_output_folder(cache_dir, option="cache folder")
     files = find_midi_files(midi_dir)
     if not files:
         raise SpemusicError(f"{midi_dir}: no MIDI files (.mid, .midi) found")

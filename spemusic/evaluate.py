@@ -70,7 +70,7 @@ def evaluate_nll(model: Performer, tokenizer: REMITokenizer, data: Path, split: 
                  max_pieces: int | None = None, progress=None) -> NLLReport:
     if max_len < 1 or bucket < 1:
         raise SpemusicError("--max-len and --bucket must be positive")
-    if model.cfg.pe in ("ape", "sinusoidal", "axial") and max_len > model.cfg.max_len:
+    if model.cfg.has_absolute_pe and max_len > model.cfg.max_len:
         raise SpemusicError(f"{name}: absolute positional encoding limited to {model.cfg.max_len} tokens; "
                             f"use --max-len {model.cfg.max_len} or less")
     cache = open_dataset(Path(data), tokenizer.config)

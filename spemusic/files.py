@@ -19,27 +19,37 @@ def check_output_file(path: str | Path, overwrite: bool = True, option: str = ""
         raise SpemusicError(f"{label}: is a folder; give a file name")
     if path.exists() and not overwrite:
         raise SpemusicError(f"{label}: already exists (use --overwrite to replace it)")
-    parent = path.parent
-    if parent.exists() and not parent.is_dir():
-        raise SpemusicError(f"{label}: cannot write: {parent} is a file, not a folder")
-    if not parent.is_dir():
-        raise SpemusicError(f"{label}: cannot write: folder {parent} does not exist")
-    if not os.access(parent, os.W_OK):
-        raise SpemusicError(f"{label}: cannot write: folder {parent} is not writable")
+    _check_folder(path.parent, label, may_create=False)
     return path
 
 
 def check_output_folder(path: str | Path, option: str = "-o") -> Path:
     """An output folder may exist (as a folder) or be created under an existing, writable parent."""
     path = Path(path)
-    if path.exists() and not path.is_dir():
-        raise SpemusicError(f"{option} {path}: exists and is not a folder")
-    existing = next(p for p in (path, *path.parents) if p.exists())
-    if not existing.is_dir():
-        raise SpemusicError(f"{option} {path}: cannot write: {existing} is a file, not a folder")
-    if not os.access(existing, os.W_OK):
-        raise SpemusicError(f"{option} {path}: cannot write: folder {existing} is not writable")
+    _check_folder(path, f"{option} {path}", may_create=True)
     return path
+
+
+def _check_folder(folder: Path, label: str, may_create: bool) -> None:
+    existing = next(p for p in (folder, *folder.parents) if p.exists())
+    if not existing.is_dir():
+        raise SpemusicError(f"{label}: cannot write: {existing} is a file, not a folder")
+    if existing != folder and not may_create:
+        raise SpemusicError(f"{label}: cannot write: folder {folder} does not exist")
+    if not os.access(existing, os.W_OK):
+        raise SpemusicError(f"{label}: cannot write: folder {existing} is not writable")
+
+
+def names_new_folder(out: str | Path) -> bool:
+    """An output named with a trailing slash (-o sketches/) that does not exist yet: a folder to
+    make, by write_output, once there is something to write."""
+    return str(out).endswith(("/", os.sep)) and not Path(out).is_dir()
+
+
+def write_output(data: bytes, path: str | Path) -> None:
+    """Write an output checked before the work: its folder, if new, is made now."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    write_atomically(data, path)
 
 
 def write_atomically(data: bytes, path: str | Path) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import io
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -11,7 +10,7 @@ import miditoolkit
 import numpy as np
 
 from .errors import MidiError, SpemusicError
-from .files import check_output_file, check_output_folder
+from .files import check_output_file, check_output_folder, names_new_folder
 from .grammar import REMIGrammar
 from .tokenizer import REMITokenizer
 
@@ -21,7 +20,7 @@ def output_paths(out: str | Path, num: int, overwrite: bool) -> list[Path]:
     existing one, or OUT/ with a trailing slash, which the writer creates: nothing is made before
     the work succeeds). Refuses, before any sampling, outputs that exist (without --overwrite) or
     cannot be written."""
-    new_folder = str(out).endswith(("/", os.sep)) and not Path(out).is_dir()
+    new_folder = names_new_folder(out)
     out = Path(out)
     if new_folder or out.is_dir():
         paths = [out / f"piece-{i + 1}.mid" for i in range(num)] if num > 1 else [out / "piece.mid"]
@@ -123,17 +122,17 @@ def load_prompt(path: Path, tokenizer: REMITokenizer, prompt_bars: int | None = 
 def _outside_vocabulary(midi: miditoolkit.MidiFile, tokenizer: REMITokenizer) -> list[str]:
     """Meters and tempi of the prompt that the tokens can only approximate: the file keeps them,
     but the model continues from the approximation."""
-    notes = []
+    caveats = []
     for ts in {(t.numerator, t.denominator) for t in midi.time_signature_changes}:
         if ts not in tokenizer.time_signatures:
             n, d = tokenizer.time_signatures[tokenizer.map_time_signature(*ts)]
-            notes.append(f"time signature {ts[0]}/{ts[1]} is outside the vocabulary: the model reads its bars as {n}/{d}")
+            caveats.append(f"time signature {ts[0]}/{ts[1]} is outside the vocabulary: the model reads its bars as {n}/{d}")
     cfg = tokenizer.config
     tempi = [t.tempo for t in midi.tempo_changes if not cfg.tempo_min <= t.tempo <= cfg.tempo_max]
     if tempi:
-        notes.append(f"tempo {tempi[0]:.0f} BPM is outside {cfg.tempo_min:.0f}-{cfg.tempo_max:.0f}: the model reads "
-                     "the nearest")
-    return notes
+        caveats.append(f"tempo {tempi[0]:.0f} BPM is outside {cfg.tempo_min:.0f}-{cfg.tempo_max:.0f}: the model reads "
+                       "the nearest")
+    return caveats
 
 
 SUSTAIN = 64  # the sustain pedal's controller number

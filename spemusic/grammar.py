@@ -182,22 +182,22 @@ class REMIGrammar:
             st.eos = True
             st.last = EOS
 
-    def first_violation(self, ids) -> int | None:
-        """Index of the first token the grammar does not allow there (None: all allowed; a missing
-        EOS is not counted)."""
+    def _walk(self, ids) -> tuple[int | None, GrammarState]:
+        """(index of the first token not allowed where it stands, or None; the state reached)."""
         st = GrammarState()
         for i, t in enumerate(ids):
             t = int(t)
             if not (0 <= t < self.V and self.allowed(st)[t]):
-                return i
+                return i, st
             self.advance(st, t)
-        return None
+        return None, st
+
+    def first_violation(self, ids) -> int | None:
+        """Index of the first token the grammar does not allow there (None: all allowed; a missing
+        EOS is not counted)."""
+        return self._walk(ids)[0]
 
     def is_valid(self, ids) -> bool:
         """True when `ids` follows the grammar from BOS to EOS."""
-        st = GrammarState()
-        for t in ids:
-            if not self.allowed(st)[int(t)]:
-                return False
-            self.advance(st, int(t))
-        return st.eos
+        bad, st = self._walk(ids)
+        return bad is None and st.eos

@@ -45,6 +45,7 @@ __all__ = ["ModelConfig", "Performer", "State"]
 
 PE_OPTIONS = ("sinespe", "convspe", "ape", "sinusoidal", "axial", "none")
 SPE_OPTIONS = ("sinespe", "convspe")
+ABSOLUTE_PE_OPTIONS = ("ape", "sinusoidal", "axial")  # limited to max_len positions
 ATTENTION_OPTIONS = ("favor", "softmax")
 
 _PRESETS = {
@@ -101,6 +102,10 @@ class ModelConfig:
     @property
     def uses_spe(self) -> bool:
         return self.pe in SPE_OPTIONS
+
+    @property
+    def has_absolute_pe(self) -> bool:
+        return self.pe in ABSOLUTE_PE_OPTIONS
 
     @classmethod
     def preset(cls, name: str, **overrides) -> "ModelConfig":
@@ -287,7 +292,7 @@ class Performer(nn.Module):
         self.tok = nn.Embedding(cfg.vocab_size, cfg.d_model)
         nn.init.normal_(self.tok.weight, std=0.02)
         self.abs_pe: AbsolutePE | None = None
-        if cfg.pe in ("ape", "sinusoidal", "axial"):
+        if cfg.has_absolute_pe:
             self.abs_pe = build_absolute_pe(cfg.pe, cfg.max_len, cfg.d_model)
         self.spe = None
         if cfg.uses_spe:

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from .errors import MidiError, SpemusicError
-from .grammar import BAR, NOTE_END, POSITION, TIMESIG, GrammarState, REMIGrammar
+from .grammar import BAR, NOTE_END, TIMESIG, GrammarState, REMIGrammar
 from .model import Performer
 from .tokenizer import REMITokenizer
 
@@ -141,7 +141,7 @@ def sample(model: Performer, tokenizer: REMITokenizer, *, num: int = 1, length: 
         prompt = np.array([tokenizer.bos_id], dtype=np.int64)
     prompt = np.asarray(prompt, dtype=np.int64)
     max_tokens = len(prompt) + (length if length is not None else 10**9)
-    if model.cfg.pe in ("ape", "sinusoidal", "axial") and length is not None and max_tokens > model.cfg.max_len:
+    if model.cfg.has_absolute_pe and length is not None and max_tokens > model.cfg.max_len:
         need = (f"the prompt's {len(prompt)} tokens and --length {length} need {max_tokens}" if len(prompt) > 1
                 else f"--length {length} needs {max_tokens} with the start token")
         raise SpemusicError(f"this model uses an absolute positional encoding limited to {model.cfg.max_len} "
@@ -155,7 +155,7 @@ def sample(model: Performer, tokenizer: REMITokenizer, *, num: int = 1, length: 
     done = [False] * num
     # from scratch, the first bar has a note: POP909's songs often open on rests, and the models
     # learned it (pop-piano, --bars 8, 12 seeds: 1.25 empty bars before the first note on average)
-    waiting_first_note = [len(prompt) == 1] * num
+    from_scratch = len(prompt) == 1
     batch_prompt = torch.from_numpy(np.tile(prompt, (num, 1))).to(device)
     logits, state = model.prime(batch_prompt, weights_dtype=weights_dtype or auto_step_dtype(device, num))
     logits = logits[:, -1]
@@ -176,11 +176,12 @@ def sample(model: Performer, tokenizer: REMITokenizer, *, num: int = 1, length: 
                 elif force_bar:
                     masks[b, tokenizer.bar_id] = True
                 else:
-                    masks[b] = grammar.allowed(states[b], allow_eos=False)
-                    if bars is not None and bars_started[b] >= bars and states[b].last in (BAR, TIMESIG):
-                        masks[b, tokenizer.bar_id] = False  # the last bar gets notes: no trailing empty bar
-                    if waiting_first_note[b] and states[b].bars >= 1:
-                        masks[b, tokenizer.bar_id] = False  # a piece opens on music, not on empty bars
+                    st = states[b]
+                    # no empty bar to open a piece from scratch, nor to end a --bars piece
+                    empty_bar = st.last in (BAR, TIMESIG)
+                    opening = from_scratch and st.bars == 1 and empty_bar
+                    closing = bars is not None and bars_started[b] >= bars and empty_bar
+                    masks[b] = grammar.allowed(st, allow_eos=False, allow_bar=not (opening or closing))
             force_bar = False
             masked = logits.float().masked_fill(~torch.from_numpy(masks).to(device), float("-inf"))
             probs = torch.softmax(filter_logits(masked, options), dim=-1).cpu()
@@ -197,7 +198,6 @@ def sample(model: Performer, tokenizer: REMITokenizer, *, num: int = 1, length: 
                     bars_started[b] += 1
                 seqs[b].append(t)
                 grammar.advance(states[b], t)
-                waiting_first_note[b] &= states[b].last != POSITION
                 if len(seqs[b]) - len(prompt) >= max_new:
                     done[b] = True
             if on_token is not None:

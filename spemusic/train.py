@@ -20,12 +20,13 @@ from . import checkpoint
 from .data import WindowSampler, fixed_windows, open_dataset
 from .errors import SpemusicError
 from .files import check_output_folder
-from .model import ModelConfig, Performer
+from .model import ABSOLUTE_PE_OPTIONS, PE_OPTIONS, ModelConfig, Performer
 from .tokenizer import TokenizerConfig
 
 PRESETS = ("tiny", "small", "paper")
-PES = ("sinespe", "convspe", "ape", "sinusoidal", "axial", "none")
-ABSOLUTE_PES = ("ape", "sinusoidal", "axial")
+# what a TrainConfig field of each annotated type accepts (bool is an int to Python, not to a config)
+_OPTION_TYPES = {"int": ((int,), "an integer"), "float": ((int, float), "a number"),
+                 "bool": ((bool,), "true or false"), "str": ((str,), "a string")}
 
 
 @dataclass
@@ -61,8 +62,8 @@ class TrainConfig:
     def check(self) -> None:
         if self.preset not in PRESETS and not self.init_from:  # a fine-tune records its model's size
             raise SpemusicError(f"--preset must be one of {', '.join(PRESETS)} (got {self.preset!r})")
-        if self.pe not in PES:
-            raise SpemusicError(f"--pe must be one of {', '.join(PES)} (got {self.pe!r})")
+        if self.pe not in PE_OPTIONS:
+            raise SpemusicError(f"--pe must be one of {', '.join(PE_OPTIONS)} (got {self.pe!r})")
         if self.attention not in ("favor", "softmax"):
             raise SpemusicError(f"--attention must be favor or softmax (got {self.attention!r})")
         if self.precision not in ("auto", "fp32", "bf16"):
@@ -84,7 +85,7 @@ class TrainConfig:
                 raise SpemusicError(f"--{name.replace('_', '-')} must be at least 1")
         if self.weight_decay < 0:
             raise SpemusicError("--weight-decay must be at least 0")
-        if self.pe in ABSOLUTE_PES and self.max_len and self.seq_len > self.max_len and not self.init_from:
+        if self.pe in ABSOLUTE_PE_OPTIONS and self.max_len and self.seq_len > self.max_len and not self.init_from:
             raise SpemusicError(f"--seq-len {self.seq_len} is past --max-len {self.max_len}, the positions of an "
                                 f"absolute PE ({self.pe}); SPE has no such limit")
 
@@ -93,17 +94,13 @@ class TrainConfig:
         """Options from a TOML file (``source``), the command line or a run's record, type-checked:
         TOML has its own types, and a quoted number or a float step count must not reach training."""
         where = f" in {source}" if source else ""
-        types = {f.name: f.type for f in fields(cls)}
+        types = {f.name: f.type for f in fields(cls)}  # annotations as strings: "int", "float", ...
         unknown = set(d) - set(types)
         if unknown:
             raise SpemusicError(f"unknown training option(s){where}: {', '.join(sorted(unknown))}")
         for name, value in d.items():
-            kind = types[name]
-            ok = {"int": isinstance(value, int) and not isinstance(value, bool),
-                  "float": isinstance(value, (int, float)) and not isinstance(value, bool),
-                  "bool": isinstance(value, bool), "str": isinstance(value, str)}[kind]
-            if not ok:
-                expected = {"int": "an integer", "float": "a number", "bool": "true or false", "str": "a string"}[kind]
+            accepted, expected = _OPTION_TYPES[types[name]]
+            if not isinstance(value, accepted) or (isinstance(value, bool) and bool not in accepted):
                 raise SpemusicError(f"training option {name}{where} must be {expected}, not {value!r}")
         return cls(**d)
 
@@ -299,7 +296,7 @@ def train(cfg: TrainConfig, run_dir: Path, resume: bool = False, stop_after: int
         model = Performer(model_cfg).to(device)
     elif base_model is not None:
         model, model_cfg = base_model.to(device), base_model.cfg
-        if model_cfg.pe in ABSOLUTE_PES and cfg.seq_len > model_cfg.max_len:
+        if model_cfg.has_absolute_pe and cfg.seq_len > model_cfg.max_len:
             raise SpemusicError(f"--seq-len {cfg.seq_len} is past {cfg.init_from}'s absolute positions "
                                 f"({model_cfg.max_len}); SPE models have no such limit")
         cfg.pe, cfg.gated, cfg.attention, cfg.max_len = model_cfg.pe, model_cfg.gated, model_cfg.attention, model_cfg.max_len

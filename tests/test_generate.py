@@ -268,9 +268,17 @@ def test_continue_reports_prompt_and_new_bars(run_cli, tiny_checkpoint, examples
     assert code == 0 and record["new_bars"] == record["bars"] == 2
 
 
+def _write_midi(path: Path, instruments: list, meter: tuple[int, int], bpm: float) -> None:
+    """A test file at 480 ticks per beat with one tempo and one time signature."""
+    midi = miditoolkit.MidiFile(ticks_per_beat=480)
+    midi.instruments += instruments
+    midi.tempo_changes.append(miditoolkit.TempoChange(bpm, 0))
+    midi.time_signature_changes.append(miditoolkit.TimeSignature(*meter, 0))
+    midi.dump(str(path))
+
+
 def _pedalled_piano(path: Path) -> None:
     """Four 4/4 bars of piano, the sustain pedal pressed in every bar and still down at bar 3, and strings."""
-    midi = miditoolkit.MidiFile(ticks_per_beat=480)
     piano = miditoolkit.Instrument(program=0, name="piano")
     bar = 4 * 480
     for b in range(4):
@@ -283,10 +291,7 @@ def _pedalled_piano(path: Path) -> None:
     strings = miditoolkit.Instrument(program=48, name="strings")
     strings.notes = [miditoolkit.Note(60, 48, b * bar, b * bar + bar) for b in range(4)]
     strings.control_changes = [miditoolkit.ControlChange(64, v, b * bar + t) for b in (2, 3) for v, t in ((127, 5), (0, 900))]
-    midi.instruments += [piano, strings]
-    midi.tempo_changes.append(miditoolkit.TempoChange(100, 0))
-    midi.time_signature_changes.append(miditoolkit.TimeSignature(4, 4, 0))
-    midi.dump(str(path))
+    _write_midi(path, [piano, strings], (4, 4), bpm=100)
 
 
 def test_prompt_bars_keep_only_those_bars_controllers(run_cli, tiny_checkpoint, tmp_path):
@@ -309,13 +314,9 @@ def test_prompt_bars_keep_only_those_bars_controllers(run_cli, tiny_checkpoint, 
 
 def _nine_four(path: Path) -> None:
     """Two bars of 9/4 piano: a meter outside the token vocabulary."""
-    midi = miditoolkit.MidiFile(ticks_per_beat=480)
     piano = miditoolkit.Instrument(program=0)
     piano.notes = [miditoolkit.Note(80, 60 + k % 9, k * 480, k * 480 + 400) for k in range(18)]
-    midi.instruments.append(piano)
-    midi.tempo_changes.append(miditoolkit.TempoChange(120, 0))
-    midi.time_signature_changes.append(miditoolkit.TimeSignature(9, 4, 0))
-    midi.dump(str(path))
+    _write_midi(path, [piano], (9, 4), bpm=120)
 
 
 def test_prompt_meter_outside_the_vocabulary_is_said_and_marked(run_cli, tiny_checkpoint, tmp_path):
