@@ -1,7 +1,12 @@
 """Music metrics of the shipped models against real held-out data (valid splits), side by side.
 
-1. pop-piano: N generated pieces of L tokens vs the POP909 valid pieces (each cut to L tokens):
-   H1, H4, GS, note density, polyphony, pitch range, and the generated/real ratio.
+1. pop-piano: N generated pieces of L tokens from scratch, and N continuations of 4-bar prompts
+   (the POP909 valid songs' first bars) up to L tokens, vs the POP909 valid songs (re-barred by
+   their beat annotations when the model was trained so; each cut to L tokens): the share of
+   4/4 bars, silence, beats with an onset, notes per bar and per onset, H1, H4, GS, key
+   clarity, repetition, with the ratio and the goal of each; tracks per file; and with
+   chord tokens, how often a bar forced to a chord (--chords) has it as its best template match,
+   next to the same figure for the real songs against their annotations.
 2. groove: continuations (4 per prompt) of 2-bar prompts taken from every Groove valid piece of at
    least 4 bars; cosine similarity of
    the onset-position × drum-pitch histogram of each quarter of the continuation to the prompt's
@@ -12,6 +17,7 @@
 
     python benchmarks/music_metrics.py [--pieces 32] [--length 2048] [--prompts 64] [--bars 16] [--per-prompt 4]
                                        [--only pop-piano|groove] [--groove-model NAME_OR_PATH]
+                                       [--pop-model NAME_OR_PATH] [--top-p P] [--temperature T] [--chords 'C G Am F']
 """
 
 from __future__ import annotations
@@ -43,7 +49,7 @@ def cut_to_bars(ids: np.ndarray, tok, max_tokens: int) -> np.ndarray:
 
 def mean_metrics(seqs, tok) -> dict:
     rows = [summary(s, tok) for s in seqs]
-    return {k: float(np.nanmean([r[k] for r in rows])) for k in KEYS}
+    return {k: float(np.nanmean([r[k] for r in rows])) for k in rows[0]}
 
 
 def main() -> None:
@@ -57,9 +63,12 @@ def main() -> None:
     ap.add_argument("--only", choices=("pop-piano", "groove"))
     ap.add_argument("--pop-model", default="pop-piano")
     ap.add_argument("--groove-model", default="groove")
+    ap.add_argument("--chords", default="C G Am F", help="progression for the --chords check (one per bar)")
+    ap.add_argument("--top-p", type=float, default=0.95)
+    ap.add_argument("--temperature", type=float, default=1.0)
     ap.add_argument("--out", default="benchmarks/results/music_metrics.json")
     args = ap.parse_args()
-    opts = SamplingOptions(temperature=1.0, top_p=0.95)
+    opts = SamplingOptions(temperature=args.temperature, top_p=args.top_p)
     results = {}
     if args.only != "groove":
         results["pop-piano"] = pop_piano(args, opts)
@@ -70,23 +79,110 @@ def main() -> None:
     print(f"wrote {args.out}")
 
 
+def drop_bars(ids: np.ndarray, tok, n: int) -> np.ndarray:
+    """The bars of a sequence after its first n (a continuation's new bars), as a piece of their
+    own: BOS, the first new Bar with the time signature in force, the rest."""
+    ids = np.asarray(ids)
+    bars = np.flatnonzero(ids == tok.bar_id)
+    ts_lo, ts_hi = tok.range("TimeSig")
+    ts = [t for t in ids[: bars[n] + 2] if ts_lo <= t < ts_hi][-1]
+    rest = ids[bars[n] + 1:]
+    if len(rest) and ts_lo <= rest[0] < ts_hi:
+        rest = rest[1:]
+    return np.concatenate([[tok.bos_id, tok.bar_id, ts], rest])
+
+
+POP_KEYS = ("bars_4_4", "silence", "beats_with_onset", "notes_per_bar", "polyphony", "H1", "H4", "GS",
+            "key_clarity", "repetition", "pitch_range")
+# goal per metric: (kind, bound) -- "min": gen >= bound (absolute), "ratio_max": gen/real <= bound,
+# "ratio_min": gen/real >= bound, "within": |gen/real - 1| <= bound
+POP_GOALS = {"bars_4_4": ("min", 0.9), "silence": ("ratio_max", 1.5), "beats_with_onset": ("ratio_min", 0.95),
+             "notes_per_bar": ("within", 0.15), "polyphony": ("within", 0.15), "H1": ("within", 0.10),
+             "H4": ("within", 0.10), "GS": ("within", 0.10), "key_clarity": ("within", 0.10),
+             "repetition": ("within", 0.20)}
+
+
+def goal_text(key: str, gen: float, real: float) -> str:
+    if key not in POP_GOALS:
+        return ""
+    kind, bound = POP_GOALS[key]
+    r = gen / real if real else float("nan")
+    ok = {"min": gen >= bound, "ratio_max": r <= bound, "ratio_min": r >= bound, "within": abs(r - 1) <= bound}[kind]
+    text = {"min": f">= {bound}", "ratio_max": f"ratio <= {bound}", "ratio_min": f"ratio >= {bound}",
+            "within": f"ratio 1 ± {bound:.2f}"}[kind]
+    return f"{text:<16}{'met' if ok else 'MISSED'}"
+
+
+def print_table(title: str, columns: dict[str, dict]) -> None:
+    (gname, gen), (rname, real) = list(columns.items())
+    print(title)
+    print(f"{'metric':<24}{gname:>10}{rname:>10}{'ratio':>8}   goal")
+    for k in POP_KEYS:
+        g, r = gen[k], real[k]
+        print(f"{k:<24}{g:>10.3f}{r:>10.3f}{g / r if r else float('nan'):>8.2f}   {goal_text(k, g, r)}")
+    print(f"{'  silence in empty bars':<24}{gen['silence_in_empty_bars']:>10.3f}{real['silence_in_empty_bars']:>10.3f}")
+
+
 def pop_piano(args, opts) -> dict:
+    from spemusic.chords import parse_chords
+    from spemusic.metrics import chord_match, note_grid
+
     model, tok = load_model(args.pop_model)
+    pop = DATA / "pop909"
+    annotated = tok.config.chords  # pop-piano v2: bars from the beat annotations, chord tokens
+    cache = open_dataset(pop, tok.config, beats_dir=pop / "beats" if annotated else None,
+                         chords_dir=pop / "chords" if annotated else None)
+    valid = [np.asarray(s) for s in cache.sequences("valid")]
+    real = [cut_to_bars(s, tok, args.length) for s in valid]
     t0 = time.perf_counter()
     generated = []
     for b in range(0, args.pieces, args.batch):
         generated += sample(model, tok, num=min(args.batch, args.pieces - b), length=args.length, seed=1000 + b,
                             options=opts).ids
+    # continuations of 4-bar prompts (the valid songs' first four bars), each by one piece
+    prompts = [s[: np.flatnonzero(s == tok.bar_id)[4]] for s in valid if np.count_nonzero(s == tok.bar_id) > 5]
+    prompts = (prompts * 2)[: args.pieces]
+    continued = []
+    for i, p in enumerate(prompts):
+        out = sample(model, tok, num=1, length=args.length - len(p), prompt=p, seed=2000 + i, options=opts).ids[0]
+        continued.append(drop_bars(out, tok, 4))
     wall = time.perf_counter() - t0
-    cache = open_dataset(DATA / "pop909", tok.config)
-    real = [cut_to_bars(s, tok, args.length) for s in cache.sequences("valid")]
-    gen_m, real_m = mean_metrics(generated, tok), mean_metrics(real, tok)
-    print(f"pop-piano: {len(generated)} generated pieces of {args.length} tokens ({wall:.0f} s) "
-          f"vs {len(real)} POP909 valid pieces cut to {args.length} tokens")
-    print(f"{'metric':<15}{'generated':>11}{'real':>9}{'gen/real':>10}")
-    for k in KEYS:
-        print(f"{k:<15}{gen_m[k]:>11.3f}{real_m[k]:>9.3f}{gen_m[k] / real_m[k]:>10.2f}")
-    return {"generated": gen_m, "real": real_m}
+    gen_m, cont_m, real_m = mean_metrics(generated, tok), mean_metrics(continued, tok), mean_metrics(real, tok)
+    print(f"pop-piano ({args.pop_model}): {len(generated)} pieces of {args.length} tokens from scratch and "
+          f"{len(continued)} continuations of 4-bar prompts (POP909 valid) up to {args.length} tokens "
+          f"({wall:.0f} s), top-p {opts.top_p}, temperature {opts.temperature}; real: {len(real)} POP909 valid "
+          f"songs{' re-barred by their beat annotations' if annotated else ''}, first {args.length} tokens")
+    print_table("\nfrom scratch", {"generated": gen_m, "real": real_m})
+    print_table("\ncontinuations (new bars only)", {"continued": cont_m, "real": real_m})
+    # tracks: what a DAW shows (overlapping same-pitch notes end the earlier one)
+    tracks = [len(tok.decode(s).instruments) for s in generated + continued]
+    print(f"\ntracks per generated file: {np.mean(tracks):.2f} (max {max(tracks)})")
+    result = {"model": str(args.pop_model), "generated": gen_m, "continued": cont_m, "real": real_m,
+              "tracks_max": int(max(tracks)), "top_p": opts.top_p, "temperature": opts.temperature}
+    if annotated:
+        hits = counted = 0
+        for s in real:
+            h, c = chord_match(note_grid(s, tok))
+            hits, counted = hits + h, counted + c
+        progression = parse_chords(args.chords)
+        forced = []
+        for b in range(0, args.pieces, args.batch):
+            forced += sample(model, tok, num=min(args.batch, args.pieces - b), length=args.length, seed=3000 + b,
+                             options=opts, chords=progression).ids
+        fh = fc = 0
+        for s in forced:
+            g = note_grid(s, tok)
+            h, c = chord_match(g, [progression[b % len(progression)] for b in range(g.n_bars)])
+            fh, fc = fh + h, fc + c
+        forced_m = mean_metrics(forced, tok)
+        print(f"chords: with --chords '{args.chords}', the asked chord is the best template match of the bar in "
+              f"{fh / fc:.3f} of {fc} bars (goal >= 0.8); real songs against their annotations (bars with one "
+              f"chord): {hits / counted:.3f} of {counted} bars")
+        print(f"  the same {len(forced)} pieces: notes/bar {forced_m['notes_per_bar']:.2f}, silence "
+              f"{forced_m['silence']:.3f}, repetition {forced_m['repetition']:.3f}")
+        result["chords"] = {"progression": args.chords, "forced_match": fh / fc, "forced_bars": fc,
+                            "real_match": hits / counted, "real_bars": counted}
+    return result
 
 
 def groove(args, opts) -> dict:

@@ -142,6 +142,10 @@ def tokenize(
     output: Optional[str] = typer.Option(None, "-o", "--output", help="Output .txt file, or folder (for several "
                                           "inputs, or a name ending in /). \\[default: the input's name with .txt, next to it]"),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace existing output files."),
+    beats: Optional[Path] = typer.Option(None, "--beats", help="Beat annotation (a file; for folders, a folder of "
+                                         "them matched by relative path or stem): bars from its downbeats."),
+    chords: Optional[Path] = typer.Option(None, "--chords", help="Chord annotation (file or folder, as --beats): "
+                                          "Chord tokens at its chord changes."),
 ):
     """Turn MIDI files into readable REMI tokens, one per line.
 
@@ -150,14 +154,29 @@ def tokenize(
     spemusic tokenize data/examples/piano.mid -o piano.txt
 
     spemusic tokenize my_midis/ -o my_tokens/
-    """
-    from .files import write_output
-    from .tokenizer import REMITokenizer
 
-    tok = REMITokenizer()
+    spemusic tokenize ../shared/data/pop909/001.mid --beats ../shared/data/pop909/beats/001.txt -o 001.txt
+    """
+    from .data import BEAT_SUFFIXES, CHORD_SUFFIXES, find_annotation
+    from .files import write_output
+    from .tokenizer import REMITokenizer, TokenizerConfig
+
+    tok = REMITokenizer(TokenizerConfig(chords=True))  # Chord tokens where an annotation or chord markers give them
+    for given, what in ((beats, "--beats"), (chords, "--chords")):
+        if given is not None and not given.exists():
+            raise SpemusicError(f"{given}: no such file or folder ({what})")
+
+    def annotation(src: Path, given: Optional[Path], suffixes) -> Optional[Path]:
+        if given is None or given.is_file():
+            return given
+        for root in inputs:  # a folder of annotations: matched like `data prepare` does
+            if root.is_dir() and root in src.parents:
+                return find_annotation(given, src.relative_to(root).as_posix(), suffixes)
+        return find_annotation(given, src.name, suffixes)
 
     def convert(src: Path, dest: Path) -> None:
-        write_output(("\n".join(tok.ids_to_tokens(tok.encode(src))) + "\n").encode(), dest)
+        ids = tok.encode(src, beats=annotation(src, beats, BEAT_SUFFIXES), chords=annotation(src, chords, CHORD_SUFFIXES))
+        write_output(("\n".join(tok.ids_to_tokens(ids)) + "\n").encode(), dest)
 
     _convert_many(inputs, output, {".mid", ".midi"}, ".txt", convert, "tokenized", overwrite)
 
@@ -168,6 +187,9 @@ def detokenize(
     output: Optional[str] = typer.Option(None, "-o", "--output", help="Output .mid file, or folder (for several "
                                           "inputs, or a name ending in /). \\[default: the input's name with .mid, next to it]"),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace existing output files."),
+    keep_overlaps: bool = typer.Option(False, "--keep-overlaps", help="Keep notes that overlap an earlier one of "
+                                       "the same pitch whole, on extra layer tracks (lossless; default: the later "
+                                       "note ends the earlier one, as MIDI players do)."),
 ):
     """Turn readable REMI tokens back into MIDI files.
 
@@ -181,9 +203,9 @@ def detokenize(
 
     from .files import write_output
     from .grammar import REMIGrammar
-    from .tokenizer import REMITokenizer
+    from .tokenizer import REMITokenizer, TokenizerConfig
 
-    tok = REMITokenizer()
+    tok = REMITokenizer(TokenizerConfig(chords=True))  # reads token files with or without chords
     grammar = REMIGrammar(tok)
     pitch_lo, pitch_hi = tok.range("Pitch")
 
@@ -198,7 +220,7 @@ def detokenize(
             ids = tok.tokens_to_ids([t for _, t in numbered])
         except (ValueError, KeyError) as e:
             raise SpemusicError(f"{src}: {e}") from None
-        score = tok.decode_to_score(ids)
+        score = tok.decode_to_score(ids, "layers")
         # every note has one Pitch token: fewer notes means the decoder skipped some (a Pitch
         # without its Program, Velocity or Duration); say so, and where the tokens first leave the
         # grammar, rather than drop them silently
@@ -210,6 +232,8 @@ def detokenize(
                      if bad is not None else "")
             err.print(f"[yellow]warning:[/] {escape(str(src))}: {pitches - notes} of {pitches} notes could not be "
                       f"formed and are skipped{escape(where)}", highlight=False)
+        if not keep_overlaps:
+            score = tok.decode_to_score(ids, "trim")
         write_output(score.dumps_midi(), dest)
 
     _convert_many(inputs, output, {".txt"}, ".mid", convert, "detokenized", overwrite)
@@ -224,19 +248,26 @@ def data_prepare(
     split_csv: Optional[Path] = typer.Option(None, "--split-csv", help="CSV with midi_filename and split columns "
                                              "(default: MIDI_DIR/info.csv when present, else a hash of the path)."),
     workers: int = typer.Option(0, "--workers", min=0, help="Tokenizer processes (0: one per CPU core)."),
+    beats: Optional[Path] = typer.Option(None, "--beats", help="Folder of beat annotations (song.txt beside "
+                                         "song.mid, by relative path or stem): bars from their downbeats."),
+    chords: Optional[Path] = typer.Option(None, "--chords", help="Folder of chord annotations (start end label, "
+                                          "Harte notation), written as Chord tokens."),
 ):
     """Tokenize a MIDI collection into a compact cache with train/valid/test splits.
 
-    Example:
+    Examples:
 
     spemusic data prepare ../shared/data/pop909 -o cache/pop909
+
+    spemusic data prepare ../shared/data/pop909 -o cache/pop909-v2 --beats ../shared/data/pop909/beats --chords ../shared/data/pop909/chords
     """
     from .data import prepare
 
     with _progress(TextColumn("[bold]tokenizing"), BarColumn(), MofNCompleteColumn(), TextColumn("files"),
                    TimeElapsedColumn(), TimeRemainingColumn()) as progress:
         t0 = time.perf_counter()
-        cache, reused = prepare(midi_dir, output, split_csv=split_csv, workers=workers or None, progress=progress)
+        cache, reused = prepare(midi_dir, output, split_csv=split_csv, workers=workers or None, progress=progress,
+                                beats_dir=beats, chords_dir=chords)
         wall = time.perf_counter() - t0
     idx = cache.index
     table = Table(title=f"{cache.path}" + (" (reused: source unchanged)" if reused else f" ({wall:.1f} s)"))
@@ -248,6 +279,11 @@ def data_prepare(
     total_tokens = sum(c["tokens"] for c in idx["splits"].values())
     table.add_row("all", f"{total_files:,}", f"{total_tokens:,}", f"{total_tokens / max(total_files, 1):,.0f}")
     out.print(table)
+    annotated = idx.get("annotated") or {}
+    for what in ("beats", "chords"):
+        if idx.get(what):
+            out.print(f"{what}: {annotated.get(what, 0)} of {total_files} files annotated; "
+                      f"{total_files - annotated.get(what, 0)} without ({'their own meter' if what == 'beats' else 'no chord tokens'})")
     out.print(f"skipped files: {len(idx['skipped'])}; vocabulary coverage: {idx['vocab_used']} of "
               f"{idx['vocab_size']} tokens used ({100 * idx['vocab_used'] / idx['vocab_size']:.0f}%)")
     for s in idx["skipped"][:20]:
@@ -329,6 +365,10 @@ def train(
                                           "sinusoidal, axial) at generation/eval; SPE has no limit. \\[default: max(seq-len, 2048)]"),
     init_from: Optional[str] = typer.Option(None, "--init-from", help="Fine-tune: start from this model (a shipped "
                                             "name or a checkpoint), with its size, PE and tokenizer."),
+    beats: Optional[Path] = typer.Option(None, "--beats", help="Folder of beat annotations for a MIDI folder DATA "
+                                         "(as for `data prepare`): bars from their downbeats."),
+    chords: Optional[Path] = typer.Option(None, "--chords", help="Folder of chord annotations for a MIDI folder DATA: "
+                                          "Chord tokens (a new model gets them in its vocabulary)."),
     resume: Optional[Path] = typer.Option(None, "--resume", help="Continue the run in this folder where it stopped."),
     stop_after: Optional[int] = typer.Option(None, "--stop-after", help="Stop after this many steps of this invocation "
                                              "(the schedule still follows --steps; resume later)."),
@@ -352,8 +392,8 @@ def train(
         grad_accum=grad_accum, steps=steps, epochs=epochs, lr=lr, warmup=warmup, weight_decay=weight_decay,
         feature_redraw=feature_redraw, val_every=val_every, save_every=save_every, log_every=log_every,
         device=device, precision=precision, compile=compile, checkpoint_activations=checkpoint_activations,
-        seed=seed, max_len=max_len,
-        init_from=init_from).items() if v is not None}
+        seed=seed, max_len=max_len, init_from=init_from, beats=str(beats) if beats else None,
+        chords=str(chords) if chords else None).items() if v is not None}
     if resume is not None:
         # a resumed run keeps its own options (they are in RUN/run.json); only its length may grow
         ignored = [f"--{k.replace('_', '-')}" for k in given if k != "steps"]
@@ -416,7 +456,7 @@ def _sampling_progress(total: int | None, disable: bool) -> Progress:
                      TimeElapsedColumn(), TimeRemainingColumn(), disable=disable)
 
 
-def _run_sampling(model, tok, *, num, length, bars, prompt, options, seed, weights_dtype, quiet):
+def _run_sampling(model, tok, *, num, length, bars, prompt, options, seed, weights_dtype, quiet, chords=None):
     from .sampling import sample
 
     total = length
@@ -444,7 +484,8 @@ def _run_sampling(model, tok, *, num, length, bars, prompt, options, seed, weigh
         previous = signal.signal(signal.SIGINT, on_sigint)
         try:
             result = sample(model, tok, num=num, length=length, bars=bars, prompt=prompt, options=options,
-                            seed=seed, on_token=on_token, should_stop=stop.is_set, weights_dtype=weights_dtype)
+                            seed=seed, on_token=on_token, should_stop=stop.is_set, weights_dtype=weights_dtype,
+                            chords=chords)
         finally:
             signal.signal(signal.SIGINT, previous)
         if task is not None:
@@ -494,6 +535,11 @@ def generate(
     device: str = typer.Option("cpu", help="cpu or cuda."),
     precision: StepPrecision = typer.Option(StepPrecision.auto, help=STEP_PRECISION_HELP),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object per output on stdout."),
+    chords: Optional[str] = typer.Option(None, "--chords", help="Chord progression, one chord per bar, repeating: "
+                                         "'C G Am F', or a file with one chord per line."),
+    keep_overlaps: bool = typer.Option(False, "--keep-overlaps", help="Keep notes that overlap an earlier one of "
+                                       "the same pitch whole, on extra layer tracks (default: the later note ends "
+                                       "the earlier one, as MIDI players do)."),
 ):
     """Sample new pieces from scratch and write MIDI files.
 
@@ -502,12 +548,16 @@ def generate(
     spemusic generate --length 4096 -o song.mid
 
     spemusic generate --bars 16 --num 4 --temperature 0.9 -o sketches/
+
+    spemusic generate --bars 16 --chords "C G Am F" -o pop.mid
     """
+    from .chords import parse_chords
     from .sampling import check_length_bars
 
     check_length_bars(length, bars)
+    progression = parse_chords(chords) if chords is not None else None
     _generate_or_continue(model, None, None, length, bars, num, temperature, top_p, top_k, seed, output, overwrite,
-                          device, precision, as_json, False)
+                          device, precision, as_json, False, chords=progression, keep_overlaps=keep_overlaps)
 
 
 @app.command("continue")
@@ -530,6 +580,13 @@ def continue_(
     device: str = typer.Option("cpu", help="cpu or cuda."),
     precision: StepPrecision = typer.Option(StepPrecision.auto, help=STEP_PRECISION_HELP),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object per output on stdout."),
+    beats: Optional[Path] = typer.Option(None, "--beats", help="Beat annotation of the prompt (time, beat-in-bar; "
+                                         "or POP909's three columns): its bars are the annotated ones."),
+    chords: Optional[str] = typer.Option(None, "--chords", help="Chord progression of the new bars, one per bar, "
+                                         "repeating: 'C G Am F', or a file."),
+    keep_overlaps: bool = typer.Option(False, "--keep-overlaps", help="Keep notes that overlap an earlier one of "
+                                       "the same pitch whole, on extra layer tracks (default: the later note ends "
+                                       "the earlier one, as MIDI players do)."),
 ):
     """Continue a MIDI file: the prompt is kept note for note, new bars follow.
 
@@ -538,17 +595,23 @@ def continue_(
     spemusic continue data/examples/groove.mid --bars 8 -o more.mid
 
     spemusic continue song.mid --prompt-bars 4 --length 2048 -o song_more.mid
+
+    spemusic continue ../shared/data/pop909/001.mid --beats ../shared/data/pop909/beats/001.txt --prompt-bars 8 --bars 8
     """
+    from .chords import parse_chords
     from .sampling import check_length_bars
 
     check_length_bars(length, bars)
+    progression = parse_chords(chords) if chords is not None else None
     output = output or Path(f"{prompt.with_suffix('').name}-continued.mid")
     _generate_or_continue(model, prompt, prompt_bars, length, bars, num, temperature, top_p, top_k, seed, output,
-                          overwrite, device, precision, as_json, only_continuation)
+                          overwrite, device, precision, as_json, only_continuation, beats=beats, chords=progression,
+                          keep_overlaps=keep_overlaps)
 
 
 def _generate_or_continue(model_name, prompt_path, prompt_bars, length, bars, num, temperature, top_p, top_k, seed,
-                          output, overwrite, device, precision, as_json, only_continuation):
+                          output, overwrite, device, precision, as_json, only_continuation, beats=None, chords=None,
+                          keep_overlaps=False):
     import torch
 
     from .checkpoint import load_model
@@ -573,25 +636,33 @@ def _generate_or_continue(model_name, prompt_path, prompt_bars, length, bars, nu
     prompt = None
     if prompt_path is not None:
         # read the prompt with the default tokenizer to pick a model, then with the model's own
-        prompt = load_prompt(prompt_path, REMITokenizer(), prompt_bars)
+        prompt = load_prompt(prompt_path, REMITokenizer(), prompt_bars, beats)
         if model_name is None:
             model_name = "groove" if prompt.only_drums else "pop-piano"
     model, tok = load_model(model_name or "pop-piano", device=device)
     _say_which_checkpoint(model_name)
+    if chords is not None:
+        from .sampling import chord_ids
+
+        chord_ids(tok, chords)  # refused before any work when the model has no chord tokens
     if prompt is not None and tok.config != REMITokenizer().config:
-        prompt = load_prompt(prompt_path, tok, prompt_bars)
+        prompt = load_prompt(prompt_path, tok, prompt_bars, beats)
+    for warning in prompt.warnings if prompt is not None else []:
+        err.print(f"[yellow]warning:[/] {escape(str(prompt_path))}: {escape(warning)}", highlight=False)
     for caveat in prompt.caveats if prompt is not None else []:
         err.print(f"[yellow]note:[/] {escape(str(prompt_path))}: {escape(caveat)}", highlight=False)
     result = _run_sampling(model, tok, num=num, length=length, bars=bars,
                            prompt=None if prompt is None else prompt.ids, options=options, seed=seed,
                            weights_dtype={"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}.get(
                                precision.value),  # auto: None, the sampler picks
-                           quiet=as_json and not sys.stderr.isatty())
+                           quiet=as_json and not sys.stderr.isatty(), chords=chords)
     prompt_len = 1 if prompt is None else len(prompt.ids)  # BOS, or the prompt's tokens
     prompt_bar_count = 0 if prompt is None else count_bars(prompt.ids, tok)
     midis, rows = [], []
     for path, ids in zip(paths, result.ids):
-        midi = tok.decode(ids) if prompt is None else merge_continuation(prompt, ids, tok, only_continuation)
+        overlaps = "layers" if keep_overlaps else "trim"
+        midi = (tok.decode(ids, overlaps) if prompt is None
+                else merge_continuation(prompt, ids, tok, only_continuation, overlaps))
         write_output(midi_bytes(midi), path)
         midis.append(midi)
         rows.append((path, len(ids) - prompt_len - 1, count_bars(ids, tok) - prompt_bar_count))  # - EOS
@@ -639,6 +710,9 @@ def eval_(
     reference: Optional[Path] = typer.Option(None, "--reference", help="With --metrics: real MIDI to compare with."),
     seed: int = typer.Option(0, help="SPE draw used for scoring."),
     device: str = typer.Option("cpu", help="cpu or cuda."),
+    beats: Optional[Path] = typer.Option(None, "--beats", help="Folder of beat annotations for a MIDI folder "
+                                         "(as for `data prepare`)."),
+    chords: Optional[Path] = typer.Option(None, "--chords", help="Folder of chord annotations for a MIDI folder."),
 ):
     """Score models by position (NLL per token, up to and past the trained length), or measure music.
 
@@ -681,7 +755,8 @@ def eval_(
                        TimeElapsedColumn()) as progress:
             reports.append(evaluate_nll(model, tok, Path(data), split, max_len, bucket, name=name,
                                         trained_len=info.get("seq_len"), device=device,
-                                        max_pieces=max_pieces or None, progress=progress))
+                                        max_pieces=max_pieces or None, progress=progress, beats_dir=beats,
+                                        chords_dir=chords))
     table = Table(title=f"NLL per token by position ({split} split of {data})")
     table.add_column("positions")
     for r in reports:
@@ -694,6 +769,9 @@ def eval_(
         table.add_row(escape(label), *[f"{r.buckets[i]['nll']:.4f}" if r.buckets[i]["nll"] is not None else "-"
                                        for r in reports])
     table.add_row("[bold]mean", *[f"[bold]{r.mean_nll:.4f}" for r in reports])
+    # per note and per bar: comparable between models whose tokenizers differ
+    table.add_row("nats per note", *[f"{r.nats_per_note:.4f}" if r.nats_per_note else "-" for r in reports])
+    table.add_row("nats per bar", *[f"{r.nats_per_bar:.2f}" if r.nats_per_bar else "-" for r in reports])
     out.print(table)
     if any(b["nll"] is None for r in reports for b in r.buckets):
         out.print("-: no piece of the data reaches these positions")
@@ -710,9 +788,9 @@ def eval_(
 
 def _eval_metrics(args: List[str], reference: Optional[Path], json_path: Optional[Path]) -> None:
     from .metrics import collection_summary
-    from .tokenizer import REMITokenizer
+    from .tokenizer import REMITokenizer, TokenizerConfig
 
-    tok = REMITokenizer()
+    tok = REMITokenizer(TokenizerConfig(chords=True))  # chord markers count as chords
     pairs, _ = _expand_inputs([Path(a) for a in args], {".mid", ".midi"})
     columns = {"generated": collection_summary([p for p, _ in pairs], tok)}
     if reference is not None:

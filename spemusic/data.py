@@ -63,10 +63,32 @@ def read_split_csv(csv_path: Path) -> dict[str, str]:
     return out
 
 
-def default_cache_dir(midi_dir: Path, config: TokenizerConfig) -> Path:
+BEAT_SUFFIXES = (".txt", ".beats")
+CHORD_SUFFIXES = (".txt", ".lab", ".chords")
+
+
+def find_annotation(folder: Path | None, relpath: str, suffixes: tuple[str, ...]) -> Path | None:
+    """The annotation of a MIDI file in `folder`: by its relative path (sub/song.mid ->
+    sub/song.txt), else by its stem alone (song.txt)."""
+    if folder is None:
+        return None
+    rel = Path(relpath).with_suffix("")
+    for base in (rel, Path(rel.name)):
+        for suffix in suffixes:
+            p = folder / base.with_name(base.name + suffix)
+            if p.is_file():
+                return p
+    return None
+
+
+def default_cache_dir(midi_dir: Path, config: TokenizerConfig, beats_dir: Path | None = None,
+                      chords_dir: Path | None = None) -> Path:
     """Where `train` keeps the cache of a MIDI folder when none is named: the data may be read-only."""
     root = Path(os.environ.get("SPEMUSIC_CACHE", Path.home() / ".cache" / "spemusic"))
-    key = hashlib.sha1(str(midi_dir.resolve()).encode()).hexdigest()[:10]
+    source = str(midi_dir.resolve())
+    if beats_dir or chords_dir:  # (a plain folder keeps the cache name it had before annotations)
+        source += "".join(f"|{Path(d).resolve()}" if d else "|" for d in (beats_dir, chords_dir))
+    key = hashlib.sha1(source.encode()).hexdigest()[:10]
     return root / "datasets" / f"{midi_dir.resolve().name}-{key}-{config.fingerprint()}"
 
 
@@ -78,9 +100,10 @@ def _init_worker(config_dict: dict) -> None:
     _worker_tokenizer = REMITokenizer(TokenizerConfig.from_dict(config_dict))
 
 
-def _encode_one(path: str) -> tuple[str, np.ndarray | None, str | None]:
+def _encode_one(job: tuple[str, str | None, str | None]) -> tuple[str, np.ndarray | None, str | None]:
+    path, beats, chords = job
     try:
-        return path, _worker_tokenizer.encode(path), None
+        return path, _worker_tokenizer.encode(path, beats=beats, chords=chords), None
     except MidiError as e:
         return path, None, str(e)
     except Exception as e:  # noqa: BLE001 - one odd file must not stop a whole collection
@@ -135,16 +158,32 @@ def prepare(
     split_csv: Path | None = None,
     workers: int | None = None,
     progress=None,
+    beats_dir: Path | None = None,
+    chords_dir: Path | None = None,
 ) -> tuple[TokenCache, bool]:
     """Tokenize every MIDI file under `midi_dir` into `cache_dir`. Returns (cache, reused).
+
+    beats_dir / chords_dir: folders of beat and chord annotations, matched to the MIDI files by
+    relative path, then by stem (`find_annotation`). A file without a beat annotation keeps its
+    own meter, one without a chord annotation gets no Chord tokens; one whose annotation does not
+    fit is skipped with the reason. Chords need a config with ``chords=True`` (made so when
+    chords_dir is given and config is None).
 
     Re-running on an unchanged folder with the same tokenizer config reuses the cache. A cache made
     with another tokenizer config is never reused (the fingerprint is part of the index)."""
     midi_dir, cache_dir = Path(midi_dir), Path(cache_dir)
-    config = config or TokenizerConfig()
+    config = config or TokenizerConfig(chords=chords_dir is not None)
+    if chords_dir is not None and not config.chords:
+        raise SpemusicError("chord annotations need a tokenizer with chord tokens (TokenizerConfig(chords=True))")
     if not midi_dir.is_dir():
         raise SpemusicError(f"{midi_dir}: {'not a folder' if midi_dir.exists() else 'no such folder'} "
                             "(give a folder of MIDI files)")
+    for d, what in ((beats_dir, "beats"), (chords_dir, "chords")):
+        if d is not None and not Path(d).is_dir():
+            raise SpemusicError(f"{d}: {'not a folder' if Path(d).exists() else 'no such folder'} "
+                                f"(--{what} takes a folder of annotation files)")
+    beats_dir = Path(beats_dir) if beats_dir is not None else None
+    chords_dir = Path(chords_dir) if chords_dir is not None else None
     check_output_folder(cache_dir, option="cache folder")
     files = find_midi_files(midi_dir)
     if not files:
@@ -153,7 +192,11 @@ def prepare(
         split_csv = midi_dir / "info.csv"
     splits_by_path = read_split_csv(split_csv) if split_csv else None
     rel = [p.relative_to(midi_dir).as_posix() for p in files]
-    keys = {r: _file_key(p) for r, p in zip(rel, files)}
+    beat_files = {r: find_annotation(beats_dir, r, BEAT_SUFFIXES) for r in rel}
+    chord_files = {r: find_annotation(chords_dir, r, CHORD_SUFFIXES) for r in rel}
+    # an annotation that changes invalidates the cache like its MIDI file does
+    keys = {r: _file_key(p) + [_file_key(a) if a else None for a in (beat_files[r], chord_files[r])]
+            if (beats_dir or chords_dir) else _file_key(p) for r, p in zip(rel, files)}
     csv_key = hashlib.sha1(Path(split_csv).read_bytes()).hexdigest() if split_csv else None
 
     if (cache_dir / "index.json").is_file():
@@ -165,25 +208,28 @@ def prepare(
             if old.index["fingerprint"] != config.fingerprint():
                 raise SpemusicError(
                     f"{cache_dir}: holds a cache made with another tokenizer config; choose another folder")
-            if old.index["source_keys"] == keys and old.index.get("split_csv_sha1") == csv_key:
+            same_annotations = [old.index.get(k) for k in ("beats", "chords")] == [
+                str(d.resolve()) if d else None for d in (beats_dir, chords_dir)]
+            if old.index["source_keys"] == keys and old.index.get("split_csv_sha1") == csv_key and same_annotations:
                 return old, True
 
     tokenizer = REMITokenizer(config)
     workers = workers or min(os.cpu_count() or 1, 8)
     results: dict[str, tuple[np.ndarray | None, str | None]] = {}
     paths = [str(p) for p in files]
+    jobs = [(str(p), *(str(a) if a else None for a in (beat_files[r], chord_files[r]))) for r, p in zip(rel, files)]
     if progress is not None:
         task = progress.add_task("tokenizing", total=len(paths))
     if workers > 1 and len(paths) > 8:
         with ProcessPoolExecutor(workers, initializer=_init_worker, initargs=(config.to_dict(),)) as pool:
-            for path, ids, err in pool.map(_encode_one, paths, chunksize=16):
+            for path, ids, err in pool.map(_encode_one, jobs, chunksize=16):
                 results[path] = (ids, err)
                 if progress is not None:
                     progress.advance(task)
     else:
         _init_worker(config.to_dict())
-        for path in paths:
-            _, ids, err = _encode_one(path)
+        for job in jobs:
+            path, ids, err = _encode_one(job)
             results[path] = (ids, err)
             if progress is not None:
                 progress.advance(task)
@@ -224,6 +270,10 @@ def prepare(
         "vocab_used": int(len(used)),
         "split_csv": str(split_csv) if split_csv else None,
         "split_csv_sha1": csv_key,
+        "beats": str(beats_dir.resolve()) if beats_dir else None,
+        "chords": str(chords_dir.resolve()) if chords_dir else None,
+        "annotated": {"beats": sum(1 for e in entries if beat_files[e["path"]]),
+                      "chords": sum(1 for e in entries if chord_files[e["path"]])},
         "splits": counts,
         "files": entries,
         "skipped": skipped,
@@ -244,8 +294,10 @@ def _write_cache_atomically(cache_dir: Path, tokens: np.ndarray, index: dict) ->
     write_atomically(json.dumps(index).encode(), cache_dir / "index.json")
 
 
-def open_dataset(data: Path, config: TokenizerConfig | None = None, progress=None) -> TokenCache:
-    """DATA is a prepared cache or a MIDI folder (prepared on the fly into the default cache dir)."""
+def open_dataset(data: Path, config: TokenizerConfig | None = None, progress=None, beats_dir: Path | None = None,
+                 chords_dir: Path | None = None) -> TokenCache:
+    """DATA is a prepared cache or a MIDI folder (prepared on the fly into the default cache dir,
+    with the beat and chord annotations of beats_dir and chords_dir)."""
     data = Path(data)
     if (data / "index.json").is_file():
         return TokenCache.load(data)
@@ -253,8 +305,9 @@ def open_dataset(data: Path, config: TokenizerConfig | None = None, progress=Non
         raise SpemusicError(f"{data}: no such file or folder")
     if not data.is_dir():
         raise SpemusicError(f"{data}: expected a folder of MIDI files or a data cache")
-    config = config or TokenizerConfig()
-    cache, _ = prepare(data, default_cache_dir(data, config), config, progress=progress)
+    config = config or TokenizerConfig(chords=chords_dir is not None)
+    cache, _ = prepare(data, default_cache_dir(data, config, beats_dir, chords_dir), config, progress=progress,
+                       beats_dir=beats_dir, chords_dir=chords_dir)
     return cache
 
 
@@ -285,6 +338,9 @@ class WindowSampler:
             starts.append(np.stack([np.full_like(s, i), s], axis=1))
         self.starts = np.concatenate(starts)
         self.pitch_lo, self.pitch_hi = self.tokenizer.range("Pitch")
+        # Chord tokens are root-major (12 roots x qualities, then N): transposing shifts the root
+        self.chord_lo, self.chord_hi = self.tokenizer.range("Chord") if self.tokenizer.config.chords else (0, 0)
+        self.chord_qualities = (self.chord_hi - self.chord_lo - 1) // 12
 
     def window(self, seq_index: int, start: int) -> np.ndarray:
         out = np.full(self.seq_len + 1, self.tokenizer.pad_id, dtype=np.int64)
@@ -307,6 +363,10 @@ class WindowSampler:
         shift = int(rng.integers(lo, hi + 1))
         out = window.copy()
         out[pitched] += shift
+        chord = (window >= self.chord_lo) & (window < self.chord_hi - 1)  # N stays N
+        if chord.any():
+            root, quality = np.divmod(window[chord] - self.chord_lo, self.chord_qualities)
+            out[chord] = self.chord_lo + ((root + shift) % 12) * self.chord_qualities + quality
         return out
 
     def sample(self, rng: np.random.Generator, batch_size: int, augment: bool = True) -> np.ndarray:

@@ -23,10 +23,22 @@ class NLLReport:
     trained_len: int | None
     buckets: list[dict]              # {start, end, nll, tokens}
     pieces: int
+    notes: int = 0                   # notes (Pitch tokens) and bars (Bar tokens) among the targets:
+    bars: int = 0                    # nats per note / per bar compare across tokenizations
+    total_nll: float = 0.0
+
+    @property
+    def nats_per_note(self) -> float | None:
+        return self.total_nll / self.notes if self.notes else None
+
+    @property
+    def nats_per_bar(self) -> float | None:
+        return self.total_nll / self.bars if self.bars else None
 
     def to_dict(self) -> dict:
-        return {"model": self.model, "mean_nll": self.mean_nll, "trained_len": self.trained_len,
-                "pieces": self.pieces, "buckets": self.buckets}
+        return {"model": self.model, "mean_nll": self.mean_nll, "nats_per_note": self.nats_per_note,
+                "nats_per_bar": self.nats_per_bar, "notes": self.notes, "bars": self.bars,
+                "trained_len": self.trained_len, "pieces": self.pieces, "buckets": self.buckets}
 
     def mean_between(self, start: int, end: int) -> float:
         rows = [b for b in self.buckets if b["start"] >= start and b["end"] <= end and b["tokens"]]
@@ -67,13 +79,14 @@ def position_nll(model: Performer, sequences: list[np.ndarray], pad_id: int, max
 
 def evaluate_nll(model: Performer, tokenizer: REMITokenizer, data: Path, split: str = "valid", max_len: int = 2048,
                  bucket: int = 128, name: str = "model", trained_len: int | None = None, device="cpu",
-                 max_pieces: int | None = None, progress=None) -> NLLReport:
+                 max_pieces: int | None = None, progress=None, beats_dir: Path | None = None,
+                 chords_dir: Path | None = None) -> NLLReport:
     if max_len < 1 or bucket < 1:
         raise SpemusicError("--max-len and --bucket must be positive")
     if model.cfg.has_absolute_pe and max_len > model.cfg.max_len:
         raise SpemusicError(f"{name}: absolute positional encoding limited to {model.cfg.max_len} tokens; "
                             f"use --max-len {model.cfg.max_len} or less")
-    cache = open_dataset(Path(data), tokenizer.config)
+    cache = open_dataset(Path(data), tokenizer.config, beats_dir=beats_dir, chords_dir=chords_dir)
     if cache.index["fingerprint"] != tokenizer.config.fingerprint():
         raise SpemusicError(f"{data}: data cache made with another tokenizer than {name}'s")
     sequences = cache.sequences(split)
@@ -89,7 +102,13 @@ def evaluate_nll(model: Performer, tokenizer: REMITokenizer, data: Path, split: 
         buckets.append({"start": start, "end": end, "nll": float(nll_sum[start:end].sum() / n) if n else None,
                         "tokens": n})
     total = int(count.sum())
-    return NLLReport(name, float(nll_sum.sum() / total), trained_len, buckets, len(sequences))
+    # the targets are tokens 1..max_len of every piece
+    lo, hi = tokenizer.range("Pitch")
+    targets = [np.asarray(s[1: max_len + 1]) for s in sequences]
+    notes = sum(int(np.count_nonzero((t >= lo) & (t < hi))) for t in targets)
+    bars = sum(int(np.count_nonzero(t == tokenizer.bar_id)) for t in targets)
+    return NLLReport(name, float(nll_sum.sum() / total), trained_len, buckets, len(sequences), notes, bars,
+                     float(nll_sum.sum()))
 
 
 PLOT_FORMATS = ("png", "svg", "pdf")

@@ -81,18 +81,36 @@ def _next_timesig(ids, i, ts_lo, ts_hi):
 class Prompt:
     midi: miditoolkit.MidiFile      # the user's file, cut to the prompt bars, otherwise untouched
     ids: np.ndarray                 # its tokens, BOS … last note (no EOS)
-    end_beats: float                # where the continuation starts, in quarter notes
+    end_beats: float                # where the continuation starts, in the tokens' beats
     only_drums: bool
     caveats: list[str] = field(default_factory=list)  # what the model reads differently from the file
+    end_tick: int | None = None     # where it starts in the file's ticks (None: end_beats quarter notes)
+    end_qpm: float | None = None    # with beats: the tempo of the prompt's last beat, kept by the new bars
+    warnings: list[str] = field(default_factory=list)  # what makes the model read the prompt badly
+
+    @property
+    def cut_tick(self) -> int:
+        return self.end_tick if self.end_tick is not None else round(self.end_beats * self.midi.ticks_per_beat)
 
 
-def load_prompt(path: Path, tokenizer: REMITokenizer, prompt_bars: int | None = None) -> Prompt:
+def load_prompt(path: Path, tokenizer: REMITokenizer, prompt_bars: int | None = None, beats: Path | None = None) -> Prompt:
+    """The prompt of `continue`. With `beats` (a beat annotation of the file), its bars are the
+    annotated ones and the new bars start on the beat grid where the last annotated bar ends."""
     path = Path(path)
     if not path.exists():
         raise SpemusicError(f"{path}: no such file")
     if path.is_dir():
         raise SpemusicError(f"{path}: is a folder, not a MIDI file")
-    ids = tokenizer.encode(path)  # raises MidiError with the reason for corrupt/empty/note-less files
+    beat_map = None
+    if beats is not None:
+        from .beats import read_beats
+
+        annotation = read_beats(beats)
+        parsed = tokenizer._read(path)
+        warped, beat_map = tokenizer.warp_to_beats(parsed, annotation)
+        ids = tokenizer._encode_parsed(warped)[0]
+    else:
+        ids = tokenizer.encode(path)  # raises MidiError with the reason for corrupt/empty/note-less files
     try:
         midi = miditoolkit.MidiFile(str(path))
     except Exception as e:  # noqa: BLE001
@@ -112,11 +130,31 @@ def load_prompt(path: Path, tokenizer: REMITokenizer, prompt_bars: int | None = 
         # the last bar runs to its end: its length follows the time signature in force
         bars = bar_start_beats(np.concatenate([ids, [tokenizer.bar_id]]), tokenizer)
         end_beats = bars[-1]
-    _clip_midi(midi, round(end_beats * midi.ticks_per_beat))
+    end_tick = end_qpm = None
+    if beat_map is not None:
+        # beat_map ticks are the file's as symusic reads them; miditoolkit reads the same ticks
+        end_tick = int(round(float(beat_map.tick_of(end_beats))))
+        qpm = beat_map.qpm_per_beat()
+        end_qpm = float(qpm[min(int(np.ceil(end_beats)) - 1, len(qpm) - 1)])
+    prompt = Prompt(midi, np.asarray(ids, dtype=np.int64), end_beats, False, [], end_tick, end_qpm)
+    _clip_midi(midi, prompt.cut_tick)
     if not any(i.notes for i in midi.instruments):
         raise MidiError(f"{path}: no notes in the prompt")
-    only_drums = all(i.is_drum for i in midi.instruments if i.notes)
-    return Prompt(midi, np.asarray(ids, dtype=np.int64), end_beats, only_drums, _outside_vocabulary(midi, tokenizer))
+    prompt.only_drums = all(i.is_drum for i in midi.instruments if i.notes)
+    prompt.caveats = [] if beat_map is not None else _outside_vocabulary(midi, tokenizer)
+    if beat_map is None and _one_beat_bars(prompt.ids, tokenizer):
+        prompt.warnings.append("most of its bars are one beat long (1/4), as in POP909's files, so the model reads "
+                               "no real bars; give its beat annotation with --beats FILE")
+    return prompt
+
+
+def _one_beat_bars(ids: np.ndarray, tokenizer: REMITokenizer) -> bool:
+    """True when most bars of a pitched prompt are 1/4 (a file whose meter is not its music's)."""
+    starts = bar_start_beats(ids, tokenizer)
+    if len(starts) < 4:
+        return False
+    lengths = np.diff(starts)
+    return bool(np.mean(lengths == 1.0) > 0.5)
 
 
 def _outside_vocabulary(midi: miditoolkit.MidiFile, tokenizer: REMITokenizer) -> list[str]:
@@ -163,18 +201,19 @@ def _clip_midi(midi: miditoolkit.MidiFile, cut: int) -> None:
 
 
 def merge_continuation(prompt: Prompt, ids: np.ndarray, tokenizer: REMITokenizer,
-                       only_continuation: bool = False) -> miditoolkit.MidiFile:
+                       only_continuation: bool = False, overlaps: str = "trim") -> miditoolkit.MidiFile:
     """The prompt's own notes (its ticks, velocities, instruments) followed by the continuation's
     notes, tempo and time-signature changes, converted to the prompt's resolution."""
     import copy
 
-    decoded = tokenizer.decode(ids)
+    decoded = tokenizer.decode(ids, overlaps)
     scale = prompt.midi.ticks_per_beat / decoded.ticks_per_beat
     start_dec = prompt.end_beats * decoded.ticks_per_beat
-    shift = round(prompt.end_beats * prompt.midi.ticks_per_beat) if only_continuation else 0
+    cut = prompt.cut_tick
+    shift = cut if only_continuation else 0
 
-    def conv(t: int) -> int:
-        return round(t * scale) - shift
+    def conv(t: int) -> int:  # decoded ticks (from the continuation's start) -> output ticks
+        return cut + round((t - start_dec) * scale) - shift
 
     if only_continuation:
         out = miditoolkit.MidiFile(ticks_per_beat=prompt.midi.ticks_per_beat)
@@ -184,6 +223,12 @@ def merge_continuation(prompt: Prompt, ids: np.ndarray, tokenizer: REMITokenizer
         out.time_signature_changes = [miditoolkit.TimeSignature(t.numerator, t.denominator, 0) for t in last_ts]
     else:
         out = copy.deepcopy(prompt.midi)
+    if prompt.end_qpm is not None:  # on annotated beats: the new bars keep the prompt's last beat's tempo
+        if only_continuation:
+            out.tempo_changes = [miditoolkit.TempoChange(prompt.end_qpm, 0)]
+        else:
+            out.tempo_changes = [t for t in out.tempo_changes if t.time < cut]
+            out.tempo_changes.append(miditoolkit.TempoChange(prompt.end_qpm, cut))
     for t in decoded.tempo_changes:
         if t.time >= start_dec and (not out.tempo_changes or abs(out.tempo_changes[-1].tempo - t.tempo) > 1e-6):
             out.tempo_changes.append(miditoolkit.TempoChange(t.tempo, conv(t.time)))

@@ -3,7 +3,10 @@
 Sampling masks every other token, so every generated sequence is valid by construction and,
 because the grammar is exactly what the tokenizer writes, re-tokenizes to itself:
 
-    BOS  (Bar [TimeSig] (Position [Tempo] (Program Pitch Velocity [Duration])+ )* )*  EOS
+    BOS  (Bar [TimeSig] (Position [Chord] [Tempo] (Program Pitch Velocity [Duration])* )* )*  EOS
+
+- a Position holds at least one note, unless it holds a Chord (a chord change between onsets);
+  a Chord differs from the one in force, and the last Position of a piece has notes;
 
 - TimeSig right after the first Bar (required) and after a later Bar only when it changes;
 - Position strictly increasing inside a bar and inside the bar's length;
@@ -27,7 +30,7 @@ import numpy as np
 
 from .tokenizer import REMITokenizer
 
-START, BOS, BAR, TIMESIG, POSITION, TEMPO, PROGRAM, PITCH, VELOCITY, NOTE_END, EOS = range(11)
+START, BOS, BAR, TIMESIG, POSITION, TEMPO, PROGRAM, PITCH, VELOCITY, NOTE_END, EOS, CHORD = range(12)
 
 
 @dataclass
@@ -38,6 +41,8 @@ class GrammarState:
     bar_len: int = 0              # steps in the current bar
     timesig: int = -1             # current TimeSig id
     tempo: int = -1               # current Tempo id
+    chord: int = -1               # current Chord id
+    chord_here: bool = False      # this Position holds a Chord (so it may hold no note)
     note: list = field(default_factory=lambda: [-1, -1, -1])  # (program, pitch, velocity) ids of the note being written
     last_note: tuple = (-1, -1, -1, -1)  # (program, pitch, velocity, duration) ids of the last note at this Position
     used: set = field(default_factory=set)  # (program, pitch) ids already at this Position
@@ -58,6 +63,7 @@ class REMIGrammar:
         self.pitch_lo, self.pitch_hi = r("Pitch")
         self.vel_lo, self.vel_hi = r("Velocity")
         self.dur_lo, self.dur_hi = r("Duration")
+        self.chord_lo, self.chord_hi = r("Chord") if tokenizer.config.chords else (0, 0)
         self.drum = tokenizer.drum_program_id
         res = tokenizer.config.beat_resolution
         self.bar_steps = {}
@@ -73,7 +79,7 @@ class REMIGrammar:
         for kind, (lo, hi) in {TIMESIG: (self.ts_lo, self.ts_hi), POSITION: (self.pos_lo, self.pos_hi),
                                TEMPO: (self.tempo_lo, self.tempo_hi), PROGRAM: (self.prog_lo, self.prog_hi),
                                PITCH: (self.pitch_lo, self.pitch_hi), VELOCITY: (self.vel_lo, self.vel_hi),
-                               NOTE_END: (self.dur_lo, self.dur_hi)}.items():
+                               NOTE_END: (self.dur_lo, self.dur_hi), CHORD: (self.chord_lo, self.chord_hi)}.items():
             self.kind_of[lo:hi] = kind
         self.kind_of[tokenizer.bos_id] = BOS
         self.kind_of[tokenizer.bar_id] = BAR
@@ -104,13 +110,23 @@ class REMIGrammar:
                 m[st.last_note[0]:self.prog_hi] = True
             elif last == NOTE_END and len(st.used) < self.max_notes_per_onset:
                 m[self.prog_lo:self.prog_hi] = True
-        elif last == POSITION:
+        elif last == POSITION or (last == CHORD and st.tempo < 0):
+            if last == POSITION:
+                m[self.chord_lo:self.chord_hi] = True
+                if st.chord >= 0:
+                    m[st.chord] = False
             m[self.tempo_lo:self.tempo_hi] = True
             if st.tempo >= 0:
                 m[st.tempo] = False
                 m[self.prog_lo:self.prog_hi] = True
-        elif last == TEMPO:
+        elif last in (CHORD, TEMPO):
+            if last == CHORD:
+                m[self.tempo_lo:self.tempo_hi] = True
+                m[st.tempo] = False
             m[self.prog_lo:self.prog_hi] = True
+            if st.chord_here:  # a chord change without a note: the next onset or bar may follow
+                m[self.pos_lo + st.pos + 1: self.pos_lo + st.bar_len] = True
+                m[tok.bar_id] = allow_bar
         elif last == PROGRAM and not self.strict_order:
             m[self.pitch_lo:self.pitch_hi] = True
             for prog, pitch in st.used:
@@ -157,7 +173,12 @@ class REMIGrammar:
             st.pos = token - self.pos_lo
             st.last_note = (-1, -1, -1, -1)
             st.used = set()
+            st.chord_here = False
             st.last = POSITION
+        elif kind == CHORD:
+            st.chord = token
+            st.chord_here = True
+            st.last = CHORD
         elif kind == TEMPO:
             st.tempo = token
             st.last = TEMPO

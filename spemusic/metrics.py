@@ -1,6 +1,8 @@
 """Music metrics on the token grid (MusDr-style): pitch-class entropy over 1 and 4 bars (H1, H4),
 grooving-pattern similarity (GS), note density, polyphony, pitch range, and the style
-similarity of a continuation to its source (cosine of histograms, per quarter)."""
+similarity of a continuation to its source (cosine of histograms, per quarter); and what a
+listener notices first: the meter (share of 4/4 bars), holes (time with no note sounding),
+beats with an onset, key clarity, self-repetition, and whether bars follow their chords."""
 
 from __future__ import annotations
 
@@ -23,6 +25,13 @@ class NoteGrid:
     dur: np.ndarray        # duration in grid steps (0 for drums)
     n_bars: int
     bar_len: np.ndarray    # steps per bar
+    chord_step: np.ndarray = None   # steps from the start of each Chord token ...
+    chord_name: tuple = ()          # ... and its name ("A:min", "N")
+    res: int = 12
+
+    @property
+    def bar_start(self) -> np.ndarray:
+        return np.concatenate(([0], np.cumsum(self.bar_len)[:-1])).astype(np.int64)
 
 
 def note_grid(ids, tok: REMITokenizer) -> NoteGrid:
@@ -34,7 +43,8 @@ def note_grid(ids, tok: REMITokenizer) -> NoteGrid:
     dur_lo, dur_hi = tok.range("Duration")
     res = tok.config.beat_resolution
     bar_steps = REMIGrammar(tok).bar_steps
-    rows, bar_lens = [], []
+    chord_lo, chord_hi = tok.range("Chord") if tok.config.chords else (0, 0)
+    rows, bar_lens, chords = [], [], []
     bar, start, cur_len, pos, drum = -1, 0, 4 * res, 0, False
     for t in map(int, ids):
         if t == tok.bar_id:
@@ -54,9 +64,129 @@ def note_grid(ids, tok: REMITokenizer) -> NoteGrid:
             rows.append([bar, pos, start + pos, t - pitch_lo, int(drum), 0])
         elif dur_lo <= t < dur_hi and rows:
             rows[-1][5] = int(tok.duration_steps[t - dur_lo])
+        elif chord_lo <= t < chord_hi:
+            chords.append((start + pos, tok.vocab[t].split("_", 1)[1]))
     a = np.array(rows, dtype=np.int64).reshape(-1, 6)
     return NoteGrid(a[:, 0], a[:, 1], a[:, 2], a[:, 3], a[:, 4].astype(bool), a[:, 5], max(bar + 1, 0),
-                    np.array(bar_lens, dtype=np.int64))
+                    np.array(bar_lens, dtype=np.int64), np.array([c[0] for c in chords], dtype=np.int64),
+                    tuple(c[1] for c in chords), res)
+
+
+def four_four_share(g: NoteGrid) -> float:
+    """Share of bars four beats long (4/4)."""
+    return float(np.mean(g.bar_len == 4 * g.res)) if g.n_bars else float("nan")
+
+
+def sounding(g: NoteGrid) -> np.ndarray:
+    """Per grid step from the first bar line to the end of the last bar: is any note sounding
+    (drum hits count one step)."""
+    total = int(g.bar_len.sum())
+    on = np.zeros(total + 1, dtype=np.int64)
+    end = np.minimum(g.onset + np.maximum(np.where(g.drum, 1, g.dur), 1), total)
+    np.add.at(on, np.minimum(g.onset, total), 1)
+    np.add.at(on, end, -1)
+    return np.cumsum(on)[:total] > 0
+
+
+def silence(g: NoteGrid) -> tuple[float, float]:
+    """(share of the time with no note sounding, the part of it inside bars without any onset),
+    from the first onset to the end of the last note: rests the model chose as whole bars,
+    against holes inside bars left by short notes or late onsets."""
+    if not len(g.onset):
+        return float("nan"), float("nan")
+    s = sounding(g)
+    lo, hi = int(g.onset.min()), int(min((g.onset + np.maximum(g.dur, 1)).max(), len(s)))
+    span = np.arange(lo, hi)
+    silent = ~s[lo:hi]
+    bar_of = np.searchsorted(g.bar_start, span, side="right") - 1
+    empty_bar = ~np.isin(bar_of, np.unique(g.bar))
+    return float(silent.mean()), float((silent & empty_bar).mean())
+
+
+def beats_with_onset(g: NoteGrid) -> float:
+    """Share of the beats (of every bar from the first bar with a note to the last) holding an onset."""
+    if not len(g.onset):
+        return float("nan")
+    first, last = int(g.bar.min()), int(g.bar.max())
+    starts, lens = g.bar_start[first:last + 1], g.bar_len[first:last + 1]
+    beats = np.concatenate([s + np.arange(0, L, g.res) for s, L in zip(starts, lens)])
+    hit = np.zeros(len(beats), dtype=bool)
+    idx = np.searchsorted(beats, g.onset, side="right") - 1
+    hit[idx[idx >= 0]] = True
+    return float(hit.mean())
+
+
+# Krumhansl-Kessler key profiles (C major, C minor)
+KK_MAJOR = np.array([6.35, 2.23, 3.48, 2.33, 4.38, 4.09, 2.52, 5.19, 2.39, 3.66, 2.29, 2.88])
+KK_MINOR = np.array([6.33, 2.68, 3.52, 5.38, 2.60, 3.53, 2.54, 4.75, 3.98, 2.69, 3.34, 3.17])
+
+
+def pitch_class_histogram(g: NoteGrid, sel: np.ndarray | None = None) -> np.ndarray:
+    """Duration-weighted pitch-class histogram of the pitched notes (of `sel`)."""
+    sel = ~g.drum if sel is None else sel & ~g.drum
+    return np.bincount(g.pitch[sel] % 12, weights=np.maximum(g.dur[sel], 1), minlength=12).astype(float)
+
+
+def key_clarity(g: NoteGrid) -> float:
+    """Largest correlation of the piece's pitch-class histogram with the 24 Krumhansl-Kessler key
+    profiles (1: unambiguous key)."""
+    h = pitch_class_histogram(g)
+    if h.sum() == 0 or np.all(h == h[0]):
+        return float("nan")
+    profiles = [np.roll(p, k) for p in (KK_MAJOR, KK_MINOR) for k in range(12)]
+    return float(max(np.corrcoef(h, p)[0, 1] for p in profiles))
+
+
+def repetition(g: NoteGrid, window: int = 16) -> float:
+    """Mean over bars with notes of the best Jaccard overlap of the bar's (pitch, 16th) set with
+    each of the `window` bars before it: pop repeats itself, bar for bar."""
+    sixteenth = max(g.res // 4, 1)
+    sets = [set() for _ in range(g.n_bars)]
+    pitched = ~g.drum
+    for b, p, q in zip(g.bar[pitched].tolist(), g.pitch[pitched].tolist(), (g.pos[pitched] // sixteenth).tolist()):
+        sets[b].add((p, q))
+    scores = []
+    for b in range(1, g.n_bars):
+        if not sets[b]:
+            continue
+        best = 0.0
+        for a in range(max(0, b - window), b):
+            if sets[a]:
+                best = max(best, len(sets[a] & sets[b]) / len(sets[a] | sets[b]))
+        scores.append(best)
+    return float(np.mean(scores)) if scores else float("nan")
+
+
+def bar_chords(g: NoteGrid) -> list[str | None]:
+    """The chord in force over each whole bar (None where the chord changes inside the bar, or no
+    chord token came yet)."""
+    out = []
+    steps, names = g.chord_step, g.chord_name
+    for s, L in zip(g.bar_start.tolist(), g.bar_len.tolist()):
+        before = np.flatnonzero(steps <= s) if len(steps) else []
+        inside = np.flatnonzero((steps > s) & (steps < s + L)) if len(steps) else []
+        out.append(names[before[-1]] if len(before) and not len(inside) else None)
+    return out
+
+
+def chord_match(g: NoteGrid, asked: list[str | None] | None = None) -> tuple[int, int]:
+    """(bars whose asked chord is the best template match of their duration-weighted pitch-class
+    content, bars counted). `asked`: one chord name per bar (default: the chord tokens' own,
+    bar_chords); bars asked N or None, or without pitched notes, are not counted."""
+    from .chords import best_chord
+
+    asked = bar_chords(g) if asked is None else asked
+    hits = counted = 0
+    for b, name in enumerate(asked[: g.n_bars]):
+        if name is None or name == "N":
+            continue
+        sel = g.bar == b
+        best = best_chord(pitch_class_histogram(g, sel))
+        if best is None:
+            continue
+        counted += 1
+        hits += best == name
+    return hits, counted
 
 
 def pitch_class_entropy(g: NoteGrid, window_bars: int) -> float:
@@ -98,11 +228,14 @@ def polyphony(g: NoteGrid) -> float:
 def summary(ids, tok: REMITokenizer) -> dict:
     g = note_grid(ids, tok)
     pitched = g.pitch[~g.drum]
+    silent, silent_empty_bars = silence(g)
     return {
         "H1": pitch_class_entropy(g, 1), "H4": pitch_class_entropy(g, 4), "GS": grooving_similarity(g),
         "notes_per_bar": float(len(g.pitch) / g.n_bars) if g.n_bars else float("nan"),
         "polyphony": polyphony(g),
         "pitch_range": float(pitched.max() - pitched.min()) if len(pitched) else float("nan"),
+        "bars_4_4": four_four_share(g), "silence": silent, "silence_in_empty_bars": silent_empty_bars,
+        "beats_with_onset": beats_with_onset(g), "key_clarity": key_clarity(g), "repetition": repetition(g),
     }
 
 

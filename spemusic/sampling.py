@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from .errors import MidiError, SpemusicError
-from .grammar import BAR, NOTE_END, TIMESIG, GrammarState, REMIGrammar
+from .grammar import BAR, NOTE_END, POSITION, TIMESIG, GrammarState, REMIGrammar
 from .model import Performer
 from .tokenizer import REMITokenizer
 
@@ -97,11 +97,32 @@ def finish_sequence(ids: list[int], tokenizer: REMITokenizer, grammar: REMIGramm
     return np.asarray(ids + [tokenizer.eos_id], dtype=np.int64)
 
 
+def chord_ids(tokenizer: REMITokenizer, names: list[str]) -> list[int]:
+    """Token ids of chord names (vocabulary names such as ``"A:min"``, or ``"N"``)."""
+    if not tokenizer.config.chords:
+        raise SpemusicError("this model has no chord tokens, so --chords cannot steer it (pop-piano has them)")
+    return [tokenizer.token_to_id[f"Chord_{n}"] for n in names]
+
+
+def force_chord(mask: np.ndarray, st: GrammarState, chord: int, grammar: REMIGrammar) -> None:
+    """Restrict a grammar mask so that the bar opens on Position_0 + `chord` and changes chord
+    nowhere else (a chord already in force is not repeated: the grammar forbids it)."""
+    chords = slice(grammar.chord_lo, grammar.chord_hi)
+    if st.last in (BAR, TIMESIG):  # the bar's first onset is Position_0, and no bar stays empty
+        mask[grammar.pos_lo + 1: grammar.pos_hi] = False
+        mask[grammar.tok.bar_id] = False
+    elif st.last == POSITION and st.pos == 0 and chord != st.chord:
+        mask[:] = False
+        mask[chord] = True
+        return
+    mask[chords] = False
+
+
 def canonical(ids: np.ndarray, tokenizer: REMITokenizer) -> np.ndarray:
     """The notes of every onset in the tokenizer's order: exactly what the written MIDI file
     re-tokenizes to (decode, then encode)."""
     try:
-        return tokenizer.encode(tokenizer.decode_to_score(ids)).astype(np.int64)
+        return tokenizer.encode(tokenizer.decode_to_score(ids, overlaps="layers")).astype(np.int64)
     except MidiError:  # no note at all: nothing to reorder
         return ids
 
@@ -121,17 +142,21 @@ def auto_step_dtype(device, batch: int) -> torch.dtype:
 @torch.inference_mode()
 def sample(model: Performer, tokenizer: REMITokenizer, *, num: int = 1, length: int | None = None,
            bars: int | None = None, prompt: np.ndarray | None = None, options: SamplingOptions | None = None,
-           seed: int = 0, on_token=None, should_stop=None, weights_dtype: torch.dtype | None = None) -> SampleResult:
+           seed: int = 0, on_token=None, should_stop=None, weights_dtype: torch.dtype | None = None,
+           chords: list[str] | None = None) -> SampleResult:
     """Sample `num` pieces of `length` new tokens (or `bars` new bars) after an optional prompt.
 
     `prompt` is a token sequence without EOS (it will be continued with a new bar). `on_token(n, bars)`
     is called after every sampling step; `should_stop()` returning True (or Ctrl-C) stops early and
     returns the valid part generated so far. `weights_dtype`: the recurrent step's linear weights;
-    None picks `auto_step_dtype`."""
+    None picks `auto_step_dtype`. `chords`: a progression of chord names (``"A:min"``, see
+    spemusic.chords), one per new bar, repeating: every bar opens on ``Position_0 Chord_X`` and
+    holds no other chord change (the model writes the notes)."""
     options = options or SamplingOptions()
     options.check()
     check_length_bars(length, bars)
     grammar = REMIGrammar(tokenizer, strict_order=False)
+    forced = chord_ids(tokenizer, chords) if chords else None
     model.eval()
     model.resample(seed)
     device = next(model.parameters()).device
@@ -182,6 +207,8 @@ def sample(model: Performer, tokenizer: REMITokenizer, *, num: int = 1, length: 
                     opening = from_scratch and st.bars == 1 and empty_bar
                     closing = bars is not None and bars_started[b] >= bars and empty_bar
                     masks[b] = grammar.allowed(st, allow_eos=False, allow_bar=not (opening or closing))
+                    if forced is not None:
+                        force_chord(masks[b], st, forced[(bars_started[b] - 1) % len(forced)], grammar)
             force_bar = False
             masked = logits.float().masked_fill(~torch.from_numpy(masks).to(device), float("-inf"))
             probs = torch.softmax(filter_logits(masked, options), dim=-1).cpu()

@@ -89,6 +89,8 @@ from typing import Any, Iterable
 import numpy as np
 import symusic
 
+from spemusic.beats import BeatMap, Beats, TempoMap, read_beats
+from spemusic.chords import CHORD_NAMES, read_chords
 from spemusic.errors import MidiError
 from spemusic.files import write_atomically
 
@@ -98,9 +100,13 @@ __all__ = ["TokenizerConfig", "REMITokenizer", "TokenError", "default_time_signa
 SCHEME = "remi-1"
 TICKS_PER_STEP_OUT = 40
 MAX_BARS = 100_000  # guard against files with absurd note times
+# chord markers: vocabulary names, and "N.C." (no chord) for N, a word too common to read back
+NO_CHORD_MARK = "N.C."
+CHORD_MARKS = {**{n: n for n in CHORD_NAMES[:-1]}, NO_CHORD_MARK: CHORD_NAMES[-1]}
+CHORD_SET = frozenset(CHORD_MARKS)
 
-KINDS = ("TimeSig", "Position", "Tempo", "Program", "Pitch", "Velocity", "Duration")
-_K_SPECIAL, _K_BAR, _K_TS, _K_POS, _K_TEMPO, _K_PROG, _K_PITCH, _K_VEL, _K_DUR = range(9)
+KINDS = ("TimeSig", "Position", "Tempo", "Program", "Pitch", "Velocity", "Duration", "Chord")
+_K_SPECIAL, _K_BAR, _K_TS, _K_POS, _K_TEMPO, _K_PROG, _K_PITCH, _K_VEL, _K_DUR, _K_CHORD = range(10)
 DRUMS = 128  # program code of drum notes
 
 
@@ -136,6 +142,7 @@ class TokenizerConfig:
     max_duration_beats: int = 8
     max_bar_beats: int = 8
     time_signatures: tuple[tuple[int, int], ...] = ()
+    chords: bool = False  # Chord_<root>:<quality> tokens (appended to the vocabulary)
 
     def __post_init__(self) -> None:
         if self.beat_resolution < 1 or self.max_bar_beats < 1 or self.max_duration_beats < 1:
@@ -167,6 +174,8 @@ class TokenizerConfig:
     def to_dict(self) -> dict:
         d = asdict(self)
         d["time_signatures"] = [list(t) for t in self.time_signatures]
+        if not self.chords:  # configs without chords keep the fingerprint they had before chords existed
+            del d["chords"]
         return d
 
     @classmethod
@@ -221,7 +230,8 @@ def _round_div(a: np.ndarray, num: int, den: int) -> np.ndarray:
 
 
 class _Parsed:
-    __slots__ = ("name", "tpq", "time", "dur", "pitch", "vel", "prog", "tempo_time", "tempo_qpm", "ts_time", "ts_num", "ts_den")
+    __slots__ = ("name", "tpq", "time", "dur", "pitch", "vel", "prog", "tempo_time", "tempo_qpm", "ts_time", "ts_num", "ts_den",
+                 "chord_marks")
 
 
 class REMITokenizer:
@@ -283,6 +293,8 @@ class REMITokenizer:
         add("Pitch", _K_PITCH, ((str(p), p) for p in range(128)))
         add("Velocity", _K_VEL, ((str(i), i) for i in range(nv)))
         add("Duration", _K_DUR, ((str(i), i) for i in range(len(self.duration_steps))))
+        if cfg.chords:
+            add("Chord", _K_CHORD, ((name, i) for i, name in enumerate(CHORD_NAMES)))
         self.vocab: list[str] = vocab
         self.token_to_id: dict[str, int] = {t: i for i, t in enumerate(vocab)}
         self._kind = np.array(kind, dtype=np.int64)
@@ -298,6 +310,8 @@ class REMITokenizer:
         self._pitch_first = self._ranges["Pitch"][0]
         self._vel_first = self._ranges["Velocity"][0]
         self._dur_first = self._ranges["Duration"][0]
+        self._chord_first = self._ranges["Chord"][0] if cfg.chords else -1
+        self._chord_index = {name: i for i, name in enumerate(CHORD_NAMES)}
         self._default_ts = self.map_time_signature(4, 4)
 
     # ------------------------------------------------------------------ basics
@@ -440,6 +454,7 @@ class REMITokenizer:
         p.ts_time = s["time"].astype(np.int64)
         p.ts_num = s["numerator"].astype(np.int64)
         p.ts_den = s["denominator"].astype(np.int64)
+        p.chord_marks = [(int(m.time), CHORD_MARKS[m.text]) for m in score.markers if m.text in CHORD_SET]
         return p
 
     def _from_miditoolkit(self, mf) -> _Parsed:
@@ -468,14 +483,20 @@ class REMITokenizer:
         p.ts_time = np.array([x.time for x in tsc], dtype=np.int64)
         p.ts_num = np.array([x.numerator for x in tsc], dtype=np.int64)
         p.ts_den = np.array([x.denominator for x in tsc], dtype=np.int64)
+        p.chord_marks = [(int(m.time), CHORD_MARKS[m.text]) for m in getattr(mf, "markers", []) if m.text in CHORD_SET]
         return p
 
     # ------------------------------------------------------------------ encoding
-    def encode(self, midi) -> np.ndarray:
-        """Token ids (int32) of a MIDI file: path, bytes, miditoolkit.MidiFile or symusic.Score."""
-        return self.encode_with_stats(midi)[0]
+    def encode(self, midi, beats=None, chords=None) -> np.ndarray:
+        """Token ids (int32) of a MIDI file: path, bytes, miditoolkit.MidiFile or symusic.Score.
 
-    def encode_with_stats(self, midi) -> tuple[np.ndarray, dict[str, Any]]:
+        beats: a beat annotation (path or :class:`~spemusic.beats.Beats`): bars then start at its
+        downbeats and onsets are placed between its beats. chords: a chord annotation (path or
+        list of :class:`~spemusic.chords.ChordChange`), written as Chord tokens (needs a config
+        with ``chords=True``)."""
+        return self.encode_with_stats(midi, beats, chords)[0]
+
+    def encode_with_stats(self, midi, beats=None, chords=None) -> tuple[np.ndarray, dict[str, Any]]:
         """Token ids plus round-trip statistics of the quantisation.
 
         stats: notes (in the file), notes_encoded (always == notes: nothing is
@@ -484,10 +505,76 @@ class REMITokenizer:
         another, all kept), clipped_durations, moved_onsets (notes not on the grid),
         max_onset_error_ticks (in the file's ticks), ticks_per_beat, bars,
         tokens, ts_changes_moved (off-bar changes moved to a bar line),
-        tempos_clipped (tempo events outside tempo_min..tempo_max).
+        tempos_clipped (tempo events outside tempo_min..tempo_max), chord_changes (Chord tokens
+        written); with beats: beat_bars (bars by the annotation), max_onset_error_beats and
+        max_onset_error_seconds (a note's onset on the grid against the original, in beats and
+        in seconds; max_onset_error_ticks is then in beat_resolution * 40 ticks per beat).
         """
         p = self._read(midi)
-        return self._encode_parsed(p)
+        beat_map = None
+        if beats is not None:
+            original_time = p.time
+            p, beat_map = self.warp_to_beats(p, beats if isinstance(beats, Beats) else read_beats(beats))
+        chord_steps = None
+        if chords is not None:
+            if not self.config.chords:
+                raise ValueError("this tokenizer has no chord tokens (TokenizerConfig(chords=True))")
+            changes = chords if isinstance(chords, list) else read_chords(chords)
+            tempo = TempoMap(p.tpq, p.tempo_time, p.tempo_qpm) if beat_map is None else beat_map.tempo
+            ticks = tempo.ticks(np.array([c.time for c in changes], dtype=np.float64))
+            chord_steps = self._chord_steps(p, ticks, [c.name for c in changes], beat_map)
+        elif self.config.chords and p.chord_marks:  # chord markers, as decode writes them
+            ticks, names = zip(*sorted(p.chord_marks, key=lambda m: m[0]))
+            chord_steps = self._chord_steps(p, np.array(ticks, dtype=np.float64), names, None)
+        ids, stats = self._encode_parsed(p, chord_steps)
+        if beat_map is not None:
+            # each onset on the grid, back in the original file's time, against where it was
+            res = self.config.beat_resolution
+            step = _round_div(p.time, res, p.tpq)
+            orig_beats = beat_map.beat_of(np.maximum(original_time, 0))
+            tempo = beat_map.tempo
+            err_sec = np.abs(tempo.seconds(beat_map.tick_of(step / res)) - tempo.seconds(np.maximum(original_time, 0)))
+            stats["max_onset_error_beats"] = float(np.abs(step / res - orig_beats).max())
+            stats["max_onset_error_seconds"] = float(err_sec.max())
+            stats["beat_bars"] = stats["bars"]
+        return ids, stats
+
+    def warp_to_beats(self, p: _Parsed, beats: Beats) -> tuple[_Parsed, BeatMap]:
+        """The parsed file on the annotated beat grid: one beat = one quarter note of
+        ticks_per_beat_out ticks, a time signature n/4 at each bar of n beats, and the tempo of
+        every beat from its length in seconds (so the music's timing is kept)."""
+        time = np.maximum(p.time, 0)
+        end = time + np.maximum(p.dur, 0)
+        tempo = TempoMap(p.tpq, p.tempo_time, p.tempo_qpm)
+        end_sec = float(tempo.seconds(end.max()))
+        past = np.flatnonzero(beats.times > end_sec + 1.0)
+        if len(past) > 1:  # one beat past the last note off is normal (it closes the last bar)
+            raise MidiError(f"{beats.source}: beat {past[1] + 1} ({beats.times[past[1]]:.2f} s) and later are "
+                            f"past the end of {p.name} ({end_sec:.2f} s); is it this file's annotation?")
+        bmap = BeatMap(beats, tempo, float(time.min()), float(end.max()))
+        W = self.ticks_per_beat_out
+        q = _Parsed()
+        q.name, q.tpq = p.name, W
+        q.time = np.rint(bmap.beat_of(time) * W).astype(np.int64)
+        q.dur = np.maximum(np.rint(bmap.beat_of(end) * W).astype(np.int64) - q.time, 0)
+        q.pitch, q.vel, q.prog = p.pitch, p.vel, p.prog
+        qpm = bmap.qpm_per_beat()
+        q.tempo_time = np.arange(len(qpm), dtype=np.int64) * W
+        q.tempo_qpm = qpm
+        starts, lengths = bmap.bars()
+        q.ts_time = starts * W
+        q.ts_num = lengths
+        q.ts_den = np.full(len(lengths), 4, dtype=np.int64)
+        q.chord_marks = []
+        return q, bmap
+
+    def _chord_steps(self, p: _Parsed, ticks: np.ndarray, names, beat_map: BeatMap | None) -> tuple[np.ndarray, np.ndarray]:
+        """(grid step, chord index) of chord changes at `ticks` of the original file, on the
+        grid of p (warped to the beats when beat_map is given)."""
+        idx = np.array([self._chord_index[n] for n in names], dtype=np.int64)
+        res = self.config.beat_resolution
+        steps = np.rint(beat_map.beat_of(ticks) * res) if beat_map is not None else np.rint(ticks * res / p.tpq)
+        return np.maximum(steps, 0).astype(np.int64), idx
 
     def _bars(self, p: _Parsed, last_step: int, res: int) -> tuple[np.ndarray, np.ndarray, int]:
         """Bar start steps and TS index per bar, from the time-signature map."""
@@ -552,7 +639,7 @@ class REMITokenizer:
             raise MidiError(f"{p.name}: too long ({nbars} bars)")
         return bar_start, bar_ts, moved
 
-    def _encode_parsed(self, p: _Parsed) -> tuple[np.ndarray, dict[str, Any]]:
+    def _encode_parsed(self, p: _Parsed, chord_steps=None) -> tuple[np.ndarray, dict[str, Any]]:
         cfg = self.config
         res = cfg.beat_resolution
         tpq = p.tpq
@@ -588,10 +675,22 @@ class REMITokenizer:
         ts_flag = np.ones(nb, dtype=bool)
         ts_flag[1:] = bar_ts[1:] != bar_ts[:-1]
 
-        # onsets
+        # onsets: every note onset, and every chord change (a Position may hold only a Chord)
         first = np.ones(n, dtype=bool)
         first[1:] = on[1:] != on[:-1]
         u_step = on[first]
+        chord_at = None
+        if chord_steps is not None:
+            cs, ci = chord_steps
+            keep = cs <= last_step
+            cs, ci = cs[keep], ci[keep]
+            last_of_step = np.r_[cs[1:] != cs[:-1], True] if len(cs) else np.zeros(0, bool)
+            cs, ci = cs[last_of_step], ci[last_of_step]  # several changes at one step: the last wins
+            change = np.r_[True, ci[1:] != ci[:-1]] if len(ci) else np.zeros(0, bool)
+            cs, ci = cs[change], ci[change]
+            u_step = np.union1d(u_step, cs)
+            chord_at = np.full(len(u_step), -1, dtype=np.int64)
+            chord_at[np.searchsorted(u_step, cs)] = ci
         nu = len(u_step)
         u_bar = np.searchsorted(bar_start, u_step, side="right") - 1
         u_pos = u_step - bar_start[u_bar]
@@ -613,7 +712,8 @@ class REMITokenizer:
 
         # layout: items are bar headers, onset headers and notes, ordered by (step, type, rank)
         bar_len = 1 + ts_flag.astype(np.int64)
-        on_len = 1 + tempo_flag.astype(np.int64)
+        chord_flag = chord_at >= 0 if chord_at is not None else np.zeros(nu, dtype=bool)
+        on_len = 1 + chord_flag.astype(np.int64) + tempo_flag.astype(np.int64)
         note_len = 4 - drum.astype(np.int64)
         item_step = np.concatenate((bar_start, u_step, on))
         item_type = np.concatenate((np.zeros(nb, np.int64), np.ones(nu, np.int64), np.full(n, 2, np.int64)))
@@ -631,7 +731,9 @@ class REMITokenizer:
         out[bo] = self.bar_id
         out[bo[ts_flag] + 1] = self._ts_first + bar_ts[ts_flag]
         out[uo] = self._pos_first + u_pos
-        out[uo[tempo_flag] + 1] = self._tempo_first + u_tempo[tempo_flag]
+        if chord_at is not None:
+            out[uo[chord_flag] + 1] = self._chord_first + chord_at[chord_flag]
+        out[uo[tempo_flag] + 1 + chord_flag[tempo_flag]] = self._tempo_first + u_tempo[tempo_flag]
         out[no] = self._prog_first + prog
         out[no + 1] = self._pitch_first + pitch
         out[no + 2] = self._vel_first + vbin
@@ -651,12 +753,14 @@ class REMITokenizer:
             "tokens": total,
             "ts_changes_moved": ts_moved,
             "tempos_clipped": tempos_clipped,
+            "chord_changes": int(chord_flag.sum()),
         }
         return out, stats
 
     # ------------------------------------------------------------------ decoding
     def _decode_events(self, ids):
-        """Walk ids; return note arrays (step, duration steps, pitch, velocity, program code), tempos and TSs."""
+        """Walk ids; return note arrays (step, duration steps, pitch, velocity, program code), tempos, TSs
+        and chords, each a list of (step, index)."""
         kinds, vals = self._kind_list, self._value_list
         V = len(kinds)
         ts_len = self._ts_len.tolist()
@@ -673,6 +777,7 @@ class REMITokenizer:
         n_prog: list[int] = []
         tempos: list[tuple[int, int]] = []  # (step, bin)
         tss: list[tuple[int, int]] = []  # (step, ts index)
+        chords: list[tuple[int, int]] = []  # (step, chord index)
         vel_vals = self.velocity_values.tolist()
         dur_vals = self.duration_steps.tolist()
         if isinstance(ids, np.ndarray):
@@ -734,6 +839,8 @@ class REMITokenizer:
                     tempos[-1] = (onset, t)
                 elif not tempos or tempos[-1][1] != t:
                     tempos.append((onset, t))
+            elif k == _K_CHORD:
+                chords.append((onset, vals[i]))
             elif i == self.eos_id:
                 break
         # merge consecutive duplicates after in-place replacement
@@ -748,7 +855,7 @@ class REMITokenizer:
             np.array(n_vel, dtype=np.int64),
             np.array(n_prog, dtype=np.int64),
         )
-        return notes, tempos, tss
+        return notes, tempos, tss, chords
 
     @staticmethod
     def _layers(step: np.ndarray, dur: np.ndarray, pitch: np.ndarray, prog: np.ndarray) -> np.ndarray:
@@ -782,6 +889,34 @@ class REMITokenizer:
             layer[o[j]] = li
         return layer
 
+    @staticmethod
+    def trim_overlaps(step, dur, pitch, vel, prog):
+        """What a MIDI player plays: a note that starts while an earlier one of the same program
+        and pitch still sounds ends that one; of notes sharing an onset, the longest (then
+        loudest) is kept. Returns the notes kept, their durations shortened where needed."""
+        if len(step) < 2:
+            return step, dur, pitch, vel, prog
+        key = prog * 128 + pitch
+        o = np.lexsort((-vel, -dur, step, key))
+        ks, ss, ds = key[o], step[o], dur[o]
+        same_next = np.r_[ks[1:] == ks[:-1], False]
+        next_start = np.r_[ss[1:], 0]
+        end = np.where(same_next, np.minimum(ss + ds, next_start), ss + ds)
+        keep = end > ss
+        o = o[keep]
+        dur = dur.copy()
+        dur[o] = (end - ss)[keep]
+        o = np.sort(o)
+        return step[o], dur[o], pitch[o], vel[o], prog[o]
+
+    def _notes(self, ids, overlaps: str):
+        if overlaps not in ("trim", "layers"):
+            raise ValueError(f"overlaps must be 'trim' or 'layers', not {overlaps!r}")
+        notes, tempos, tss, chords = self._decode_events(ids)
+        if overlaps == "trim":
+            notes = self.trim_overlaps(*notes)
+        return notes, tempos, tss, chords
+
     def _tracks(self, step, dur, pitch, vel, prog):
         """Yield (name, program, is_drum, mask) per output track: one per program and layer."""
         names = _gm_names()
@@ -795,14 +930,27 @@ class REMITokenizer:
                 name = f"{name} (layer {li + 1})"
             yield name, (0 if drum else pc), drum, combo == c
 
+    @staticmethod
+    def chord_mark(index: int) -> str:
+        """Marker text of a chord (its vocabulary name; N.C. for no chord)."""
+        name = CHORD_NAMES[index]
+        return NO_CHORD_MARK if name == CHORD_NAMES[-1] else name
+
     def _tempo_mspq(self, b: int) -> int:
         return int(round(6e7 / float(self.tempo_values[b])))
 
-    def decode_to_score(self, ids) -> symusic.Score:
-        """Decode ids to a symusic Score (ticks_per_quarter = beat_resolution * 40)."""
-        (step, dur, pitch, vel, prog), tempos, tss = self._decode_events(ids)
+    def decode_to_score(self, ids, overlaps: str = "trim") -> symusic.Score:
+        """Decode ids to a symusic Score (ticks_per_quarter = beat_resolution * 40).
+
+        overlaps="trim" (default): a note overlapping an earlier one of the same program and
+        pitch ends it, one track per program (what MIDI players do anyway). "layers": every
+        note keeps its duration, the overlapping ones on extra "layer" tracks (lossless:
+        encode(decode(ids, overlaps="layers")) == ids)."""
+        (step, dur, pitch, vel, prog), tempos, tss, chords = self._notes(ids, overlaps)
         k = TICKS_PER_STEP_OUT
         score = symusic.Score(self.ticks_per_beat_out)
+        for s, c in chords:  # chord symbols as markers: DAWs show them, encode reads them back
+            score.markers.append(symusic.TextMeta(s * k, self.chord_mark(c)))
         for name, program, drum, m in self._tracks(step, dur, pitch, vel, prog):
             tr = symusic.Track(name=name, program=program, is_drum=drum)
             tr.notes = symusic.Note.from_numpy(
@@ -828,13 +976,15 @@ class REMITokenizer:
             )
         return score
 
-    def decode(self, ids):
-        """Decode ids to a miditoolkit.MidiFile (ticks_per_beat = beat_resolution * 40)."""
-        from miditoolkit import Instrument, MidiFile, Note, TempoChange, TimeSignature
+    def decode(self, ids, overlaps: str = "trim"):
+        """Decode ids to a miditoolkit.MidiFile (ticks_per_beat = beat_resolution * 40); overlaps
+        as in decode_to_score."""
+        from miditoolkit import Instrument, Marker, MidiFile, Note, TempoChange, TimeSignature
 
-        (step, dur, pitch, vel, prog), tempos, tss = self._decode_events(ids)
+        (step, dur, pitch, vel, prog), tempos, tss, chords = self._notes(ids, overlaps)
         k = TICKS_PER_STEP_OUT
         mf = MidiFile(ticks_per_beat=self.ticks_per_beat_out)
+        mf.markers = [Marker(self.chord_mark(c), s * k) for s, c in chords]
         for name, program, drum, m in self._tracks(step, dur, pitch, vel, prog):
             inst = Instrument(program=program, is_drum=drum, name=name)
             inst.notes = [
@@ -847,7 +997,7 @@ class REMITokenizer:
         mf.max_tick = int(max(((step + dur) * k).max(initial=0), 0))
         return mf
 
-    def write_midi(self, ids, path) -> None:
+    def write_midi(self, ids, path, overlaps: str = "trim") -> None:
         """Decode ids and write a MIDI file atomically (temporary file + os.replace)."""
-        data = self.decode_to_score(ids).dumps_midi()
+        data = self.decode_to_score(ids, overlaps).dumps_midi()
         write_atomically(data, path)

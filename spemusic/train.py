@@ -58,6 +58,8 @@ class TrainConfig:
     transpose: int = 6
     max_len: int = 0             # positions of an absolute PE (0: max(seq_len, 2048)); SPE has no limit
     init_from: str = ""          # fine-tune: start from this model (shipped name or checkpoint), its config and tokenizer
+    beats: str = ""              # folder of beat annotations for a MIDI folder DATA (bars from their downbeats)
+    chords: str = ""             # folder of chord annotations (Chord tokens; a new model gets a chord vocabulary)
 
     def check(self) -> None:
         if self.preset not in PRESETS and not self.init_from:  # a fine-tune records its model's size
@@ -249,6 +251,7 @@ def train(cfg: TrainConfig, run_dir: Path, resume: bool = False, stop_after: int
     cfg.check()
     if not resume:
         cfg.data = str(Path(cfg.data).resolve())  # the run's record must hold from any working folder
+        cfg.beats, cfg.chords = (str(Path(p).resolve()) if p else "" for p in (cfg.beats, cfg.chords))
         check_output_folder(run_dir)
         if (run_dir / "last").exists():
             raise SpemusicError(f"{run_dir}: already holds a training run; use --resume {run_dir} or another -o")
@@ -272,13 +275,14 @@ def train(cfg: TrainConfig, run_dir: Path, resume: bool = False, stop_after: int
         base_model, base_tokenizer = checkpoint.load_model(cfg.init_from)
         tok_cfg = base_tokenizer.config
     else:
-        tok_cfg = TokenizerConfig()
+        tok_cfg = TokenizerConfig(chords=bool(cfg.chords))
+    annotations = dict(beats_dir=Path(cfg.beats) if cfg.beats else None, chords_dir=Path(cfg.chords) if cfg.chords else None)
     # data: rank 0 prepares the cache if needed, the others then read it
     if is_main:
-        cache = open_dataset(Path(cfg.data), tok_cfg)
+        cache = open_dataset(Path(cfg.data), tok_cfg, **annotations)
     _barrier(world)
     if not is_main:
-        cache = open_dataset(Path(cfg.data), tok_cfg)
+        cache = open_dataset(Path(cfg.data), tok_cfg, **annotations)
     tokenizer = cache.tokenizer
     tok_cfg = tokenizer.config
     sampler = WindowSampler(cache, "train", cfg.seq_len, cfg.transpose)
