@@ -17,7 +17,8 @@ import torch
 from .checkpoint import WEIGHTS, load_model, write_weights
 
 
-def export(src: Path, dest: Path, name: str, data: Path, credit: str, command: str, eval_len: int | None = None) -> dict:
+def export(src: Path, dest: Path, name: str, data: Path, credit: str, command: str, eval_len: int | None = None,
+           beats: Path | None = None, chords: Path | None = None) -> dict:
     from .evaluate import evaluate_nll
 
     model, tok, info = load_model(src, return_info=True)
@@ -32,7 +33,9 @@ def export(src: Path, dest: Path, name: str, data: Path, credit: str, command: s
     model, tok, info = load_model(dest / WEIGHTS, return_info=True)
     seq_len = int(info["seq_len"])
     eval_len = eval_len or 2 * seq_len
-    report = evaluate_nll(model, tok, Path(data), "valid", eval_len, 128, name=name, trained_len=seq_len)
+    report = evaluate_nll(model, tok, Path(data), "valid", eval_len, 128, name=name, trained_len=seq_len,
+                          beats_dir=beats, chords_dir=chords)
+    annotations = "".join(f" --{k} {v}" for k, v in (("beats", beats), ("chords", chords)) if v)
     within = report.mean_between(0, seq_len)
     beyond = report.mean_between(seq_len, eval_len)
     cfg = model.cfg.to_dict()
@@ -56,18 +59,19 @@ the Groove MIDI Dataset (CC BY 4.0)" covers both shipped models.
 | **valid NLL, `spemusic eval`, positions 0–{eval_len}** | **{report.mean_nll:.4f}** over {report.pieces} pieces |
 | valid NLL within the trained length (0–{seq_len}) | {within:.4f} |
 | valid NLL beyond it ({seq_len}–{eval_len}) | {beyond:.4f} |
+| valid nats per note / per bar (same span) | {report.nats_per_note:.4f} / {report.nats_per_bar:.2f} ({report.notes:,} notes, {report.bars:,} bars) |
 
 Reproduce the figures:
 
 ```bash
-spemusic eval {name} {data} --max-len {eval_len}
+spemusic eval {name} {data} --max-len {eval_len}{annotations}
 ```
 
 Reproduce the model:
 
 ```bash
 {command}
-python -m spemusic.release RUN_DIR/best checkpoints/{name} --name {name} --data {data} --credit "{credit}"
+python -m spemusic.release RUN_DIR/best checkpoints/{name} --name {name} --data {data} --credit "{credit}"{annotations}
 ```
 """
     (dest / "README.md").write_text(card)
@@ -83,9 +87,12 @@ def main() -> None:
     ap.add_argument("--credit", required=True)
     ap.add_argument("--command", default="spemusic train …")
     ap.add_argument("--eval-len", type=int, default=None)
+    ap.add_argument("--beats", type=Path, default=None, help="beat annotations of DATA (as for data prepare)")
+    ap.add_argument("--chords", type=Path, default=None, help="chord annotations of DATA")
     args = ap.parse_args()
     torch.manual_seed(0)
-    print(json.dumps(export(args.src, args.dest, args.name, args.data, args.credit, args.command, args.eval_len)))
+    print(json.dumps(export(args.src, args.dest, args.name, args.data, args.credit, args.command, args.eval_len,
+                            args.beats, args.chords)))
 
 
 if __name__ == "__main__":

@@ -69,8 +69,19 @@ Timing rules
 Decoding writes ``ticks_per_beat = beat_resolution * 40`` files, one track
 per program (drums: ``is_drum``, program 0), drum notes one grid step long.
 A note that overlaps an earlier note of the same program and pitch (MIDI
-cannot hold both on one channel) goes to an extra "layer" track of the same
-program, so durations survive exactly; re-encoding merges the layers again.
+cannot hold both on one channel) ends it, as MIDI players do (``overlaps="trim"``,
+the default; of notes sharing an onset the longest is kept); with
+``overlaps="layers"`` it goes to an extra "layer" track of the same program
+instead, so durations survive exactly and re-encoding merges the layers again.
+Chord tokens are written as MIDI markers (``A:min``; ``N.C.`` for none), which
+encoding with a chord vocabulary reads back.
+
+Beat annotations (``encode(midi, beats=...)``, see :mod:`spemusic.beats`)
+replace the file's meter and grid: bars start at the annotated downbeats (a
+bar of n beats is ``TimeSig_n/4``), onsets are placed between the annotated
+beats, and each beat's tempo is its length in seconds. Chord annotations
+(``chords=...``, see :mod:`spemusic.chords`) add ``Chord`` tokens after the
+``Position`` of each change (a Position may then hold only its Chord).
 It ignores tokens that do not fit the grammar instead of failing.
 The round trip is idempotent: ``encode(decode(encode(f))) == encode(f)``.
 """
@@ -898,6 +909,8 @@ class REMITokenizer:
             return step, dur, pitch, vel, prog
         key = prog * 128 + pitch
         o = np.lexsort((-vel, -dur, step, key))
+        # of notes sharing (program, pitch, onset), the first in this order (longest, loudest) stays
+        o = o[np.r_[True, (key[o][1:] != key[o][:-1]) | (step[o][1:] != step[o][:-1])]]
         ks, ss, ds = key[o], step[o], dur[o]
         same_next = np.r_[ks[1:] == ks[:-1], False]
         next_start = np.r_[ss[1:], 0]

@@ -268,7 +268,12 @@ def test_doubled_notes_round_trip_without_a_warning(run_cli, tmp_path):
     assert run_cli("tokenize", tmp_path / "doubled.mid", "-o", tmp_path / "doubled.txt")[0] == 0
     code, _, err = run_cli("detokenize", tmp_path / "doubled.txt", "-o", tmp_path / "again.mid")
     assert code == 0 and "warning" not in err, err
-    assert sum(len(i.notes) for i in miditoolkit.MidiFile(str(tmp_path / "again.mid")).instruments) == 3
+    # by default the doubling is what a MIDI player plays: one note, the longer
+    notes = [n for i in miditoolkit.MidiFile(str(tmp_path / "again.mid")).instruments for n in i.notes]
+    assert sorted((n.pitch, n.start, n.end) for n in notes) == [(60, 0, 960), (64, 480, 960)]
+    code, _, err = run_cli("detokenize", tmp_path / "doubled.txt", "-o", tmp_path / "kept.mid", "--keep-overlaps")
+    assert code == 0 and "warning" not in err, err
+    assert sum(len(i.notes) for i in miditoolkit.MidiFile(str(tmp_path / "kept.mid")).instruments) == 3
 
 
 def test_two_inputs_for_one_output_are_refused(run_cli, examples, tmp_path):

@@ -54,10 +54,13 @@ def test_continue_a_drum_prompt_with_drums(run_cli, examples, tmp_path):
 @pytest.mark.parametrize("name,data", [("pop-piano", "pop909"), ("groove", "groove")])
 def test_model_card_nll_is_reproduced_by_eval(run_cli, shared_data, tmp_path, name, data):
     card = (available_models()[name] / "README.md").read_text()
-    match = re.search(r"spemusic eval \S+ \S+ --max-len (\d+)", card)
+    match = re.search(r"spemusic eval \S+ \S+ --max-len (\d+)((?: --(?:beats|chords) \S+)*)", card)
     figure = re.search(r"\*\*valid NLL, `spemusic eval`, positions 0–\d+\*\* \| \*\*([0-9.]+)\*\*", card)
     assert match and figure, "the card gives its eval command and figure"
-    code, out, err = run_cli("eval", name, shared_data / data, "--max-len", match.group(1), "--json", tmp_path / "e.json")
+    # the card's annotation folders (--beats ../shared/data/pop909/beats ...), read from this checkout's data
+    extra = [a.replace("../shared/data", str(shared_data)) for a in match.group(2).split()]
+    code, out, err = run_cli("eval", name, shared_data / data, "--max-len", match.group(1), *extra,
+                             "--json", tmp_path / "e.json")
     assert code == 0, err
     measured = json.loads((tmp_path / "e.json").read_text())["mean_nll"]
     assert measured == pytest.approx(float(figure.group(1)), rel=0.01)
