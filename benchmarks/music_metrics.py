@@ -144,7 +144,8 @@ def pop_piano(args, opts) -> dict:
     prompts = (prompts * 2)[: args.pieces]
     continued = []
     for i, p in enumerate(prompts):
-        out = sample(model, tok, num=1, length=args.length - len(p), prompt=p, seed=2000 + i, options=opts).ids[0]
+        out = sample(model, tok, num=1, length=max(args.length - len(p), 128), prompt=p, seed=2000 + i,
+                     options=opts).ids[0]
         continued.append(drop_bars(out, tok, 4))
     wall = time.perf_counter() - t0
     gen_m, cont_m, real_m = mean_metrics(generated, tok), mean_metrics(continued, tok), mean_metrics(real, tok)
