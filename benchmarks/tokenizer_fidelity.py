@@ -33,6 +33,15 @@ from spemusic.tokenizer import REMITokenizer, TokenizerConfig  # noqa: E402
 DATASETS = {"pop909": "*.mid", "groove": "**/*.mid"}
 
 
+def print_rows(title: str, rows: list[tuple[str, str]], failures: list[str]) -> None:
+    print(f"\n== {title} ==")
+    w = max(len(k) for k, _ in rows)
+    for k, v in rows:
+        print(f"  {k:<{w}}  {v}")
+    for msg in failures[:20]:
+        print(f"    {msg}")
+
+
 def report(tok: REMITokenizer, name: str, files: list[Path]) -> None:
     t0 = time.perf_counter()
     agg = dict(files=0, notes=0, tokens=0, bars=0, moved=0, dup=0, dropped=0, clipped=0, ts_moved=0, tempo_clip=0, not_idem=0)
@@ -76,12 +85,7 @@ def report(tok: REMITokenizer, name: str, files: list[Path]) -> None:
         ("failures", f"{len(failures)}"),
         ("time (encode + decode + re-encode)", f"{dt:.1f} s"),
     ]
-    print(f"\n== {name} ==")
-    w = max(len(k) for k, _ in rows)
-    for k, v in rows:
-        print(f"  {k:<{w}}  {v}")
-    for msg in failures[:20]:
-        print(f"    {msg}")
+    print_rows(name, rows, failures)
 
 
 def beats_report(tok: REMITokenizer, pop: Path) -> None:
@@ -125,12 +129,7 @@ def beats_report(tok: REMITokenizer, pop: Path) -> None:
         ("failures", f"{len(failures)}"),
         ("time", f"{time.perf_counter() - t0:.1f} s"),
     ]
-    print("\n== pop909 with its beat and chord annotations ==")
-    w = max(len(k) for k, _ in rows)
-    for k, v in rows:
-        print(f"  {k:<{w}}  {v}")
-    for msg in failures[:20]:
-        print(f"    {msg}")
+    print_rows("pop909 with its beat and chord annotations", rows, failures)
 
 
 def main(argv: list[str]) -> int:

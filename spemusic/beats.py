@@ -43,7 +43,18 @@ class Beats:
     source: str = "<beats>"
 
 
-def _rows(text: str, source: str) -> list[tuple[int, list[str]]]:
+def read_annotation(path, what: str) -> str:
+    """The text of an annotation file; a missing or unreadable one is an AnnotationError."""
+    path = Path(path)
+    try:
+        return path.read_text()
+    except FileNotFoundError:
+        raise AnnotationError(f"{path}: no such {what} file") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise AnnotationError(f"{path}: cannot read {what} file ({getattr(e, 'strerror', None) or e})") from None
+
+
+def _rows(text: str) -> list[tuple[int, list[str]]]:
     rows = []
     for n, line in enumerate(text.splitlines(), 1):
         line = line.split("#", 1)[0].replace(",", " ").strip()
@@ -54,7 +65,7 @@ def _rows(text: str, source: str) -> list[tuple[int, list[str]]]:
 
 def parse_beats(text: str, source: str = "<beats>") -> Beats:
     """Read a beat annotation (see the module docstring for the formats)."""
-    rows = _rows(text, source)
+    rows = _rows(text)
     if not rows:
         raise AnnotationError(f"{source}: empty beat annotation")
     ncol = len(rows[0][1])
@@ -83,14 +94,7 @@ def parse_beats(text: str, source: str = "<beats>") -> Beats:
 
 
 def read_beats(path) -> Beats:
-    path = Path(path)
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise AnnotationError(f"{path}: no such beat file") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise AnnotationError(f"{path}: cannot read beat file ({getattr(e, 'strerror', None) or e})") from None
-    return parse_beats(text, str(path))
+    return parse_beats(read_annotation(path, "beat"), str(path))
 
 
 class TempoMap:

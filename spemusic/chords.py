@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .beats import AnnotationError
+from .beats import AnnotationError, read_annotation
 from .errors import SpemusicError
 
 __all__ = ["QUALITIES", "ROOTS", "CHORD_NAMES", "ChordChange", "parse_chord", "read_chords", "parse_chords",
@@ -87,13 +87,7 @@ class ChordChange:
 def read_chords(path) -> list[ChordChange]:
     """Read a chord annotation: lines ``start end label`` (seconds; POP909's chord_midi.txt, the
     Isophonics .lab form) or ``start label``. Consecutive equal chords are merged."""
-    path = Path(path)
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise AnnotationError(f"{path}: no such chord file") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise AnnotationError(f"{path}: cannot read chord file ({getattr(e, 'strerror', None) or e})") from None
+    text = read_annotation(path, "chord")
     out: list[ChordChange] = []
     last = -1.0
     for n, line in enumerate(text.splitlines(), 1):

@@ -103,12 +103,7 @@ def load_prompt(path: Path, tokenizer: REMITokenizer, prompt_bars: int | None = 
         raise SpemusicError(f"{path}: is a folder, not a MIDI file")
     beat_map = None
     if beats is not None:
-        from .beats import read_beats
-
-        annotation = read_beats(beats)
-        parsed = tokenizer._read(path)
-        warped, beat_map = tokenizer.warp_to_beats(parsed, annotation)
-        ids = tokenizer._encode_parsed(warped)[0]
+        ids, beat_map = tokenizer.encode_on_beats(path, beats)
     else:
         ids = tokenizer.encode(path)  # raises MidiError with the reason for corrupt/empty/note-less files
     try:

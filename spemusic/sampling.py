@@ -97,9 +97,6 @@ def finish_sequence(ids: list[int], tokenizer: REMITokenizer, grammar: REMIGramm
     return np.asarray(ids + [tokenizer.eos_id], dtype=np.int64)
 
 
-STRICT_ORDER = False  # see REMIGrammar: the order of the notes inside one onset
-
-
 def chord_ids(tokenizer: REMITokenizer, names: list[str]) -> list[int]:
     """Token ids of chord names (vocabulary names such as ``"A:min"``, or ``"N"``)."""
     if not tokenizer.config.chords:
@@ -159,7 +156,7 @@ def sample(model: Performer, tokenizer: REMITokenizer, *, num: int = 1, length: 
     options = options or SamplingOptions()
     options.check()
     check_length_bars(length, bars)
-    grammar = REMIGrammar(tokenizer, strict_order=STRICT_ORDER)
+    grammar = REMIGrammar(tokenizer, strict_order=False)
     forced = chord_ids(tokenizer, chords) if chords else None
     model.eval()
     model.resample(seed)

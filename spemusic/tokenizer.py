@@ -550,6 +550,12 @@ class REMITokenizer:
             stats["beat_bars"] = stats["bars"]
         return ids, stats
 
+    def encode_on_beats(self, midi, beats) -> tuple[np.ndarray, BeatMap]:
+        """Token ids on a beat annotation (path or Beats), and the BeatMap that placed them (for
+        callers that map bars back to the file's ticks, as `continue` does)."""
+        p, beat_map = self.warp_to_beats(self._read(midi), beats if isinstance(beats, Beats) else read_beats(beats))
+        return self._encode_parsed(p)[0], beat_map
+
     def warp_to_beats(self, p: _Parsed, beats: Beats) -> tuple[_Parsed, BeatMap]:
         """The parsed file on the annotated beat grid: one beat = one quarter note of
         ticks_per_beat_out ticks, a time signature n/4 at each bar of n beats, and the tempo of
