@@ -360,6 +360,9 @@ def train(
         None, "--checkpoint-activations/--no-checkpoint-activations",
         help="Recompute each block's activations in the backward pass: much less memory for long "
              "sequences, about a third more compute. \\[default: no]"),
+    short_conv: Optional[int] = typer.Option(
+        None, "--short-conv", help="Tokens each block's short causal convolution reaches back (0: none). "
+        "Added to an --init-from model that has none. \\[default: 4, or the --init-from model's]"),
     seed: Optional[int] = typer.Option(None, help="Random seed. \\[default: 0]"),
     max_len: Optional[int] = typer.Option(None, "--max-len", help="Longest sequence of an absolute PE (ape, "
                                           "sinusoidal, axial) at generation/eval; SPE has no limit. \\[default: max(seq-len, 2048)]"),
@@ -392,7 +395,7 @@ def train(
         grad_accum=grad_accum, steps=steps, epochs=epochs, lr=lr, warmup=warmup, weight_decay=weight_decay,
         feature_redraw=feature_redraw, val_every=val_every, save_every=save_every, log_every=log_every,
         device=device, precision=precision, compile=compile, checkpoint_activations=checkpoint_activations,
-        seed=seed, max_len=max_len, init_from=init_from, beats=str(beats) if beats else None,
+        seed=seed, max_len=max_len, short_conv=short_conv, init_from=init_from, beats=str(beats) if beats else None,
         chords=str(chords) if chords else None).items() if v is not None}
     if resume is not None:
         # a resumed run keeps its own options (they are in RUN/run.json); only its length may grow

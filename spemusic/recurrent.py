@@ -73,6 +73,7 @@ class State:
     layers: list
     pe: list = field(default_factory=list)
     plan: StepPlan = field(default=None, repr=False)  # set by Performer.prime / init_state
+    histories: list = field(default_factory=list)  # per layer, its last K inputs (B, K, d) newest first (short_conv)
 
     def clone(self) -> "State":
         return State(
@@ -81,6 +82,7 @@ class State:
             layers=[l.clone() for l in self.layers],
             pe=[p.clone() if p is not None else None for p in self.pe],
             plan=self.plan,
+            histories=[h.clone() for h in self.histories],
         )
 
     def nbytes(self) -> int:
@@ -90,7 +92,7 @@ class State:
         for p in self.pe:
             if p is not None:
                 n += p.buf.numel() * p.buf.element_size()
-        return n
+        return n + sum(h.numel() * h.element_size() for h in self.histories)
 
 
 def _linear(lin, dtype) -> Linear:
@@ -175,7 +177,12 @@ def step(model, state: State, next_ids: torch.Tensor):
         if plan.code_buf is not None:
             _write_codes(model, state, t)
         x = model._embed(next_ids[:, None], t)[:, 0].float()
-        for blk, lp, S in zip(model.blocks, plan.layers, state.layers):
+        for i, (blk, lp, S) in enumerate(zip(model.blocks, plan.layers, state.layers)):
+            if blk.shift is not None:  # the short convolution over the block's last K inputs
+                hist = state.histories[i]
+                shifted = x + torch.einsum("bkd,kd->bd", hist, blk.shift.float())
+                state.histories[i] = torch.cat((x[:, None], hist[:, :-1]), 1)
+                x = shifted
             o = _attention(model.cfg, lp, plan, blk.ln1(x), S)
             w, b = lp.out
             x = x + F.linear(o.to(w.dtype), w, b)

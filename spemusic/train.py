@@ -60,6 +60,8 @@ class TrainConfig:
     init_from: str = ""          # fine-tune: start from this model (shipped name or checkpoint), its config and tokenizer
     beats: str = ""              # folder of beat annotations for a MIDI folder DATA (bars from their downbeats)
     chords: str = ""             # folder of chord annotations (Chord tokens; a new model gets a chord vocabulary)
+    short_conv: int = -1         # tokens each block's short convolution reaches back (-1: the preset's, or the
+                                 # fine-tuned model's; a fine-tuned model without one gets it, starting at zero)
 
     def check(self) -> None:
         if self.preset not in PRESETS and not self.init_from:  # a fine-tune records its model's size
@@ -87,6 +89,8 @@ class TrainConfig:
                 raise SpemusicError(f"--{name.replace('_', '-')} must be at least 1")
         if self.weight_decay < 0:
             raise SpemusicError("--weight-decay must be at least 0")
+        if not -1 <= self.short_conv <= 64:
+            raise SpemusicError(f"--short-conv must be in 0 … 64 (got {self.short_conv})")
         if self.pe in ABSOLUTE_PE_OPTIONS and self.max_len and self.seq_len > self.max_len and not self.init_from:
             raise SpemusicError(f"--seq-len {self.seq_len} is past --max-len {self.max_len}, the positions of an "
                                 f"absolute PE ({self.pe}); SPE has no such limit")
@@ -142,6 +146,17 @@ def pick_dtype(precision: str, device: torch.device) -> torch.dtype:
 
 
 # ----------------------------------------------------------------------------- schedule
+
+def with_short_conv(model: Performer, k: int) -> Performer:
+    """The same model with a short convolution of `k` tokens added at zero: it computes the same
+    function until training moves the new weights."""
+    from dataclasses import replace
+
+    new = Performer(replace(model.cfg, short_conv=k)).to(model.device)
+    missing, unexpected = new.load_state_dict(model.state_dict(), strict=False)
+    assert not unexpected and all(n.endswith(".shift") for n in missing), (missing, unexpected)
+    return new
+
 
 def lr_lambda(warmup: int, total: int, floor: float = 0.1):
     def f(step: int) -> float:
@@ -300,6 +315,12 @@ def train(cfg: TrainConfig, run_dir: Path, resume: bool = False, stop_after: int
         model = Performer(model_cfg).to(device)
     elif base_model is not None:
         model, model_cfg = base_model.to(device), base_model.cfg
+        if cfg.short_conv >= 0 and cfg.short_conv != model_cfg.short_conv:
+            if model_cfg.short_conv:
+                raise SpemusicError(f"{cfg.init_from} has a short convolution of {model_cfg.short_conv} tokens; "
+                                    f"--short-conv {cfg.short_conv} cannot change it")
+            model = with_short_conv(model, cfg.short_conv)
+            model_cfg = model.cfg
         if model_cfg.has_absolute_pe and cfg.seq_len > model_cfg.max_len:
             raise SpemusicError(f"--seq-len {cfg.seq_len} is past {cfg.init_from}'s absolute positions "
                                 f"({model_cfg.max_len}); SPE models have no such limit")
@@ -307,8 +328,9 @@ def train(cfg: TrainConfig, run_dir: Path, resume: bool = False, stop_after: int
         size = lambda c: (c.n_layers, c.d_model, c.n_heads, c.d_ff)  # noqa: E731
         cfg.preset = next((n for n in PRESETS if size(ModelConfig.preset(n, vocab_size=1)) == size(model_cfg)), "custom")
     else:
+        extra = {"short_conv": cfg.short_conv} if cfg.short_conv >= 0 else {}
         model_cfg = ModelConfig.preset(cfg.preset, vocab_size=len(tokenizer), pe=cfg.pe, gated=cfg.gated,
-                                       attention=cfg.attention, max_len=cfg.max_len or max(cfg.seq_len, 2048))
+                                       attention=cfg.attention, max_len=cfg.max_len or max(cfg.seq_len, 2048), **extra)
         model = Performer(model_cfg).to(device)
     model.checkpoint_activations = cfg.checkpoint_activations
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2 and "embed" not in n]

@@ -31,6 +31,8 @@ def _model(**kw) -> Performer:
         m.tok.weight.mul_(50.0)
         for b in m.blocks:
             b.attn.qkv.weight.mul_(3.0)
+            if b.shift is not None:  # the short convolution starts at zero: give it a say
+                b.shift.normal_(0.0, 0.5)
         if m.spe is not None:
             for s in m.spe:
                 if isinstance(s, SineSPE):
@@ -49,12 +51,14 @@ PE_CASES = [
     ("none", True, "favor"),
     ("sinespe", True, "softmax"),
     ("none", True, "softmax"),
+    ("sinespe", True, "favor", 0),  # no short convolution: models trained before it
+    ("convspe", False, "softmax", 1),
 ]
 
 
-@pytest.mark.parametrize("pe,gated,attention", PE_CASES)
-def test_parallel_equals_recurrent(pe, gated, attention):
-    m = _model(pe=pe, gated=gated, attention=attention)
+@pytest.mark.parametrize("pe,gated,attention,short_conv", [c if len(c) == 4 else (*c, 4) for c in PE_CASES])
+def test_parallel_equals_recurrent(pe, gated, attention, short_conv):
+    m = _model(pe=pe, gated=gated, attention=attention, short_conv=short_conv)
     m.resample(7)
     T = 1024
     ids = torch.randint(0, V, (2, T), generator=torch.Generator().manual_seed(1))
@@ -443,6 +447,24 @@ def test_bf16_autocast_keeps_state_fp32():
 
 
 # ----------------------------------------------------------------------- config
+
+
+def test_short_conv_added_at_zero_keeps_the_function():
+    from spemusic.train import with_short_conv
+
+    old = _model(pe="sinespe", gated=True, short_conv=0)
+    new = with_short_conv(old, 4).eval()
+    assert new.cfg.short_conv == 4 and all(b.shift.abs().sum() == 0 for b in new.blocks)
+    old.resample(3), new.resample(3)
+    ids = torch.randint(0, V, (2, 200), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        assert torch.equal(old(ids), new(ids))
+    # the old checkpoint format has no short_conv key: it reads as 0
+    d = old.cfg.to_dict()
+    del d["short_conv"]
+    assert ModelConfig.from_dict(d).short_conv == 0
+    with pytest.raises(SpemusicError, match="short_conv"):
+        ModelConfig.preset("tiny", vocab_size=V, short_conv=-1)
 
 
 def test_config_roundtrip_and_presets():
