@@ -270,10 +270,15 @@ def gelu_linear(u: torch.Tensor, linear: nn.Linear) -> torch.Tensor:
 
 def short_conv(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """Causal depthwise convolution over the previous tokens: y_t = Σ_j weight[j-1] ⊙ x_{t-j},
-    j = 1 … K (x (B, T, d), weight (K, d)); the token itself is left to the residual path."""
-    y = torch.zeros_like(x)
-    for j in range(1, min(weight.shape[0], x.shape[1] - 1) + 1):
-        y[:, j:] += weight[j - 1].to(x.dtype) * x[:, :-j]
+    j = 1 … K (x (B, T, d), weight (K, d)); the token itself is left to the residual path.
+    Shifted views of one padded copy, added out of place (twice as fast as in-place slice adds,
+    which autograd turns into copies, and as fast as a depthwise conv1d without its transposes)."""
+    K, T = weight.shape[0], x.shape[1]
+    xp = F.pad(x, (0, 0, K, 0))
+    w = weight.to(x.dtype)
+    y = w[0] * xp[:, K - 1:K - 1 + T]
+    for j in range(2, K + 1):
+        y = y + w[j - 1] * xp[:, K - j:K - j + T]
     return y
 
 

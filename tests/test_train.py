@@ -244,3 +244,41 @@ def test_fine_tune_starts_from_the_given_model(run_cli, pop_cache, tmp_path):
     assert code == 1 and "drop --pe" in err
     code, _, err = run_cli("train", pop_cache, "-o", tmp_path / "x", "--init-from", tmp_path / "nowhere", "--steps", 1)
     assert code == 1 and "nowhere" in err and not (tmp_path / "x").exists()
+
+
+def test_fine_tune_adds_a_short_convolution(run_cli, pop_cache, tmp_path):
+    """A model trained without the short convolution gets one at zero: same function at the start
+    (the fine-tune's first loss is the base's), then it learns; a different size is refused."""
+    _train(run_cli, pop_cache, tmp_path / "base", "--steps", 40, "--val-every", 40, "--short-conv", 0)
+    base_model, _ = load_model(tmp_path / "base" / "best")
+    assert base_model.cfg.short_conv == 0
+    args = ["--seq-len", 128, "--batch-size", 8, "--steps", 20, "--lr", 1e-3, "--warmup", 2, "--log-every", 1,
+            "--val-every", 20, "--precision", "fp32", "--seed", 3]
+    losses = {}
+    for k in (0, 4):
+        code, _, err = run_cli("train", pop_cache, "-o", tmp_path / f"ft{k}", "--init-from", tmp_path / "base" / "best",
+                               "--short-conv", k, *args)
+        assert code == 0, err
+        losses[k] = [json.loads(line)["train_loss"] for line in (tmp_path / f"ft{k}" / "metrics.jsonl").read_text().splitlines()]
+    assert losses[4][0] == pytest.approx(losses[0][0], abs=1e-3)  # same batches, same function at step 1
+    model, _ = load_model(tmp_path / "ft4" / "last")
+    assert model.cfg.short_conv == 4 and all(b.shift.abs().sum() > 0 for b in model.blocks)
+    code, _, err = run_cli("train", pop_cache, "-o", tmp_path / "x", "--init-from", tmp_path / "ft4" / "last",
+                           "--short-conv", 2, "--steps", 1)
+    assert code == 1 and "cannot change it" in err
+
+
+def test_auto_precision_measures_and_keeps_the_random_stream():
+    from spemusic.model import ModelConfig
+    from spemusic.train import measure_precisions, pick_dtype
+
+    cfg = ModelConfig.preset("tiny", vocab_size=60)
+    torch.manual_seed(5)
+    expected = torch.rand(3)
+    torch.manual_seed(5)
+    speed = measure_precisions(cfg, 2, 64, torch.device("cpu"))
+    assert set(speed) == {"fp32", "bf16"} and all(v > 0 for v in speed.values())
+    assert torch.equal(torch.rand(3), expected)  # the run draws what it would have drawn
+    dtype, why = pick_dtype("auto", torch.device("cpu"), cfg, 2, 64)
+    assert dtype in (torch.float32, torch.bfloat16) and why.startswith("auto")
+    assert pick_dtype("fp32", torch.device("cpu")) == (torch.float32, "asked")
