@@ -214,6 +214,13 @@ def sample(model: Performer, tokenizer: REMITokenizer, *, num: int = 1, length: 
             masked = logits.float().masked_fill(~torch.from_numpy(masks).to(device), float("-inf"))
             probs = torch.softmax(filter_logits(masked, options), dim=-1).cpu()
             nxt = torch.multinomial(probs, 1, generator=gen).squeeze(1)
+            if from_scratch:
+                # a piece from scratch opens on a full bar of the model's most likely meter, not on a
+                # sampled pickup bar (POP909: 40% of songs open on a 1- to 3-beat pickup, and the
+                # piece would then rest on a meter change the model has to remember to write)
+                for b in range(num):
+                    if not done[b] and states[b].last == BAR and states[b].bars == 1:
+                        nxt[b] = int(masked[b].argmax())
             n += 1
             for b in range(num):
                 if done[b]:

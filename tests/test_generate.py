@@ -352,3 +352,20 @@ def test_a_piece_from_scratch_opens_on_a_note(tiny_checkpoint):
         names = tok.ids_to_tokens(sample(model, tok, num=2, length=60, seed=seed).ids[1])
         first_note = next(i for i, t in enumerate(names) if t.startswith("Position"))
         assert names[:first_note].count("Bar") == 1, names[:first_note]
+
+
+def test_a_piece_from_scratch_opens_in_its_most_likely_meter(tiny_checkpoint):
+    """No sampled pickup bar: the opening TimeSig is the model's most likely one, whatever the seed."""
+    model, tok = load_model(tiny_checkpoint)
+    step = model.step
+    three_four = tok.token_to_id["TimeSig_3/4"]
+
+    def prefer_three_four(out):  # a model a little more sure of 3/4 than of anything else
+        logits, state = out
+        logits[..., three_four] = logits[..., tok.range("TimeSig")[0]:tok.range("TimeSig")[1]].max(-1).values + 0.5
+        return logits, state
+
+    model.step = lambda state, ids: prefer_three_four(step(state, ids))  # the TimeSig follows the first Bar
+    for seed in range(4):
+        for ids in sample(model, tok, num=2, length=12, seed=seed).ids:
+            assert tok.ids_to_tokens(ids)[2] == "TimeSig_3/4"
