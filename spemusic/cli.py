@@ -182,6 +182,41 @@ def tokenize(
 
 
 @app.command()
+def show(
+    inputs: List[Path] = typer.Argument(..., help="MIDI files or folders (searched recursively)."),
+    output: Optional[str] = typer.Option(None, "-o", "--output", help="Output .png, .svg or .pdf, or a folder (for "
+                                          "several inputs, or a name ending in /). \\[default: the input's name with "
+                                          ".png, next to it]"),
+    bars: Optional[str] = typer.Option(None, "--bars", help="Only bars A to B (from 1, inclusive): 1:16, 9: or :8."),
+    size: Optional[str] = typer.Option(None, "--size", help="WIDTHxHEIGHT in pixels \\[default: 64 pixels per bar, "
+                                       "900 to 8000 wide]"),
+    fmt: str = typer.Option("png", "--format", help="png, svg or pdf, for folders (a file's -o suffix decides)."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace existing output files."),
+):
+    """Draw piano rolls: bars and beats across, pitches up, one colour per track, drums on named rows.
+
+    Examples:
+
+    spemusic show generated.mid
+
+    spemusic show song-continued.mid --bars 1:24 -o song.svg
+
+    spemusic show sketches/ -o rolls/
+    """
+    from .pianoroll import FORMATS, draw_file, parse_bar_range, parse_size
+
+    bar_range = parse_bar_range(bars) if bars is not None else None
+    pixels = parse_size(size) if size is not None else None
+    suffix = "." + fmt.lower().lstrip(".")
+    if suffix not in FORMATS:
+        raise SpemusicError(f"--format {fmt}: use png, svg or pdf")
+    if output is not None and Path(output).suffix.lower() in FORMATS:
+        suffix = Path(output).suffix.lower()
+    _convert_many(inputs, output, {".mid", ".midi"}, suffix, lambda src, dest: draw_file(src, dest, bar_range, pixels),
+                  "drew", overwrite)
+
+
+@app.command()
 def detokenize(
     inputs: List[Path] = typer.Argument(..., help="Token files (.txt, one token per line) or folders."),
     output: Optional[str] = typer.Option(None, "-o", "--output", help="Output .mid file, or folder (for several "
@@ -543,6 +578,7 @@ def generate(
     keep_overlaps: bool = typer.Option(False, "--keep-overlaps", help="Keep notes that overlap an earlier one of "
                                        "the same pitch whole, on extra layer tracks (default: the later note ends "
                                        "the earlier one, as MIDI players do)."),
+    png: bool = typer.Option(False, "--png", help="Also draw each piece's piano roll, OUT.png beside OUT.mid."),
 ):
     """Sample new pieces from scratch and write MIDI files.
 
@@ -560,7 +596,7 @@ def generate(
     check_length_bars(length, bars)
     progression = parse_chords(chords) if chords is not None else None
     _generate_or_continue(model, None, None, length, bars, num, temperature, top_p, top_k, seed, output, overwrite,
-                          device, precision, as_json, False, chords=progression, keep_overlaps=keep_overlaps)
+                          device, precision, as_json, False, chords=progression, keep_overlaps=keep_overlaps, png=png)
 
 
 @app.command("continue")
@@ -590,6 +626,7 @@ def continue_(
     keep_overlaps: bool = typer.Option(False, "--keep-overlaps", help="Keep notes that overlap an earlier one of "
                                        "the same pitch whole, on extra layer tracks (default: the later note ends "
                                        "the earlier one, as MIDI players do)."),
+    png: bool = typer.Option(False, "--png", help="Also draw each piece's piano roll, OUT.png beside OUT.mid."),
 ):
     """Continue a MIDI file: the prompt is kept note for note, new bars follow.
 
@@ -609,12 +646,12 @@ def continue_(
     output = output or Path(f"{prompt.with_suffix('').name}-continued.mid")
     _generate_or_continue(model, prompt, prompt_bars, length, bars, num, temperature, top_p, top_k, seed, output,
                           overwrite, device, precision, as_json, only_continuation, beats=beats, chords=progression,
-                          keep_overlaps=keep_overlaps)
+                          keep_overlaps=keep_overlaps, png=png)
 
 
 def _generate_or_continue(model_name, prompt_path, prompt_bars, length, bars, num, temperature, top_p, top_k, seed,
                           output, overwrite, device, precision, as_json, only_continuation, beats=None, chords=None,
-                          keep_overlaps=False):
+                          keep_overlaps=False, png=False):
     import torch
 
     from .checkpoint import load_model
@@ -632,6 +669,13 @@ def _generate_or_continue(model_name, prompt_path, prompt_bars, length, bars, nu
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise SpemusicError("--device cuda: no CUDA GPU is available")
     paths = output_paths(output, num, overwrite)
+    if png:
+        from .files import check_output_file
+        from .pianoroll import require_matplotlib
+
+        require_matplotlib()  # refused before any work when it is missing
+        for p in paths:
+            check_output_file(p.with_suffix(".png"), overwrite, "--png")
     if num <= 2 and device == "cpu":
         # one recurrent step is a chain of small matrix-vector products: a second thread only
         # adds synchronisation (measured 4x slower on a busy 2-core machine)
@@ -667,6 +711,16 @@ def _generate_or_continue(model_name, prompt_path, prompt_bars, length, bars, nu
         midi = (tok.decode(ids, overlaps) if prompt is None
                 else merge_continuation(prompt, ids, tok, only_continuation, overlaps))
         write_output(midi_bytes(midi), path)
+        if png:
+            import symusic
+
+            from .pianoroll import render
+
+            title = f"{path.name} ({model_name or 'pop-piano'}, seed {seed})"
+            try:
+                write_output(render(symusic.Score.from_midi(midi_bytes(midi)), ".png", title=title), path.with_suffix(".png"))
+            except SpemusicError as e:  # a piece without notes (warned about below) has no roll
+                err.print(f"[yellow]note:[/] no piano roll for {escape(str(path))}: {escape(str(e))}", highlight=False)
         midis.append(midi)
         rows.append((path, len(ids) - prompt_len - 1, count_bars(ids, tok) - prompt_bar_count))  # - EOS
     _report(rows, result, seed, as_json, midis, prompt_bar_count, only_continuation, by_length=bars is None)

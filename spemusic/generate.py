@@ -239,13 +239,23 @@ def merge_continuation(prompt: Prompt, ids: np.ndarray, tokenizer: REMITokenizer
         notes = [n for n in inst.notes if n.start >= start_dec]
         if not notes:
             continue
-        target = next((i for i in out.instruments if i.is_drum == inst.is_drum
-                       and (inst.is_drum or i.program == inst.program)), None)
+        # of the prompt's tracks for this instrument (POP909 has MELODY, BRIDGE and PIANO, all
+        # piano), the one with the most notes: the accompaniment, not the melody
+        same = [i for i in out.instruments if i.is_drum == inst.is_drum and (inst.is_drum or i.program == inst.program)]
+        target = max(same, key=lambda i: len(i.notes), default=None)
         if target is None:
             target = miditoolkit.Instrument(program=inst.program, is_drum=inst.is_drum, name=inst.name)
             out.instruments.append(target)
         for n in notes:
             target.notes.append(miditoolkit.Note(n.velocity, n.pitch, conv(n.start), max(conv(n.end), conv(n.start) + 1)))
         target.notes.sort(key=lambda n: (n.start, n.pitch))
+    for m in decoded.markers:  # the new bars' chords
+        if m.time >= start_dec:
+            out.markers.append(miditoolkit.Marker(m.text, conv(m.time)))
+    if not only_continuation:  # where the new bars begin, for score editors, DAWs and `spemusic show`
+        from .pianoroll import CONTINUATION_MARKER
+
+        out.markers.append(miditoolkit.Marker(CONTINUATION_MARKER, cut))
+    out.markers.sort(key=lambda m: m.time)
     out.max_tick = max((n.end for i in out.instruments for n in i.notes), default=0)
     return out

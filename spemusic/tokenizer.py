@@ -121,6 +121,22 @@ _K_SPECIAL, _K_BAR, _K_TS, _K_POS, _K_TEMPO, _K_PROG, _K_PITCH, _K_VEL, _K_DUR, 
 DRUMS = 128  # program code of drum notes
 
 
+def read_score(path) -> symusic.Score:
+    """A MIDI file as a symusic Score in ticks; a missing, empty, non-MIDI or corrupt file is a
+    MidiError naming the file and the reason."""
+    name = str(path)
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read()
+    except FileNotFoundError:
+        raise MidiError(f"{name}: no such file") from None
+    except IsADirectoryError:
+        raise MidiError(f"{name}: is a directory, not a MIDI file") from None
+    except OSError as e:
+        raise MidiError(f"{name}: cannot read ({_one_line(e.strerror or e)})") from None
+    return REMITokenizer._parse_bytes(data, name)
+
+
 class TokenError(MidiError, ValueError):
     """A token string or id that is not in the vocabulary."""
 
@@ -399,16 +415,7 @@ class REMITokenizer:
         name = "<midi>"
         if isinstance(midi, (str, os.PathLike)):
             name = str(midi)
-            try:
-                with open(midi, "rb") as fh:
-                    data = fh.read()
-            except FileNotFoundError:
-                raise MidiError(f"{name}: no such file") from None
-            except IsADirectoryError:
-                raise MidiError(f"{name}: is a directory, not a MIDI file") from None
-            except OSError as e:
-                raise MidiError(f"{name}: cannot read ({_one_line(e.strerror or e)})") from None
-            score = self._parse_bytes(data, name)
+            score = read_score(midi)
         elif isinstance(midi, (bytes, bytearray, memoryview)):
             name = "<bytes>"
             score = self._parse_bytes(bytes(midi), name)

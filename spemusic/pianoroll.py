@@ -1,0 +1,207 @@
+"""Piano-roll pictures of MIDI files (`spemusic show`, `generate/continue --png`).
+
+Time runs left to right in the file's own bars and beats (bar lines, bar numbers); pitch runs up,
+with note names and the black keys shaded as on a keyboard. Each pitched track has its colour,
+velocity shows as shade, drums are hits on named rows in a lane of their own, and the file's
+markers (chords, and the "continuation" marker that `continue` writes where the prompt ends) are
+printed along the top; the continuation marker also draws a line.
+"""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import symusic
+
+from .errors import SpemusicError
+
+FORMATS = (".png", ".svg", ".pdf")
+CONTINUATION_MARKER = "continuation"  # written by `continue` where the new bars begin
+DPI = 100
+BLACK_KEYS = {1, 3, 6, 8, 10}
+TRACK_COLOURS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf")
+
+
+@dataclass
+class Bars:
+    starts: np.ndarray     # tick of every bar line, and the end of the last bar
+    beats: np.ndarray      # tick of every beat
+
+
+def bar_grid(score: symusic.Score) -> Bars:
+    """Bar lines and beats from the file's time signatures (4/4 before the first one); a new time
+    signature starts a new bar, as in a score editor."""
+    tpq = score.ticks_per_quarter
+    sigs = sorted((int(t.time), int(t.numerator), int(t.denominator)) for t in score.time_signatures)
+    if not sigs or sigs[0][0] > 0:
+        sigs.insert(0, (0, 4, 4))
+    end = max(int(score.end()), 1)
+    starts, beats, t, i = [], [], 0, 0
+    while t < end:
+        while i + 1 < len(sigs) and sigs[i + 1][0] <= t:
+            i += 1
+        _, num, den = sigs[i]
+        beat = tpq * 4 / den
+        nxt = t + num * beat
+        if i + 1 < len(sigs) and sigs[i + 1][0] < nxt:
+            nxt = sigs[i + 1][0]  # a meter change cuts the bar short
+        starts.append(t)
+        beats.extend(np.arange(t, nxt, beat))
+        t = int(round(nxt)) if nxt > t else t + int(beat)
+    starts.append(t)
+    return Bars(np.asarray(starts, dtype=np.float64), np.asarray(beats, dtype=np.float64))
+
+
+def parse_bar_range(text: str) -> tuple[int, int]:
+    """'A:B' (1-based, inclusive; 'A:' to the end, ':B' from the start) -> (A, B or 0)."""
+    try:
+        a, b = text.split(":")
+        a, b = int(a) if a else 1, int(b) if b else 0
+    except ValueError:
+        raise SpemusicError(f"--bars {text!r}: give A:B, bar numbers from 1 (e.g. 1:16, or 9: to the end)") from None
+    if a < 1 or (b and b < a):
+        raise SpemusicError(f"--bars {text!r}: bars are numbered from 1 and B must not come before A")
+    return a, b
+
+
+def parse_size(text: str) -> tuple[int, int]:
+    try:
+        w, h = (int(v) for v in text.lower().split("x"))
+    except ValueError:
+        raise SpemusicError(f"--size {text!r}: give WIDTHxHEIGHT in pixels, e.g. 1600x600") from None
+    if not (200 <= w <= 20000 and 150 <= h <= 8000):
+        raise SpemusicError(f"--size {text!r}: width 200-20000 and height 150-8000 pixels")
+    return w, h
+
+
+def render(score: symusic.Score, fmt: str = ".png", bars: tuple[int, int] | None = None,
+           size: tuple[int, int] | None = None, title: str | None = None) -> bytes:
+    """The piano roll of `score` as PNG, SVG or PDF bytes."""
+    plt = require_matplotlib()
+    import matplotlib
+    import pretty_midi
+
+    if fmt not in FORMATS:
+        raise SpemusicError(f"cannot draw a {fmt or 'suffix-less'} file; use {', '.join(FORMATS)}")
+    grid = bar_grid(score)
+    n_bars = len(grid.starts) - 1
+    first, last = bars or (1, 0)
+    last = last or n_bars
+    if first > n_bars:
+        raise SpemusicError(f"--bars {first}:{last or ''}: the file has {n_bars} bar{'s' * (n_bars != 1)}")
+    last = min(last, n_bars)
+    x0, x1 = grid.starts[first - 1], grid.starts[last]
+    pitched = [t for t in score.tracks if not t.is_drum and len(t.notes)]
+    drums = [t for t in score.tracks if t.is_drum and len(t.notes)]
+    if not pitched and not drums:
+        raise SpemusicError("no notes to draw")
+
+    def notes_of(track):
+        a = track.notes.numpy()
+        start, end = a["time"].astype(np.float64), (a["time"] + a["duration"]).astype(np.float64)
+        keep = (end > x0) & (start < x1)
+        return start[keep], np.maximum(end[keep], start[keep] + 1), a["pitch"][keep], a["velocity"][keep]
+
+    bar_px = 64  # pixels per bar when the size is not given
+    width, height = size or (int(np.clip(220 + bar_px * (last - first + 1), 900, 8000)), 620 if not drums else 760)
+    fig = plt.figure(figsize=(width / DPI, height / DPI), dpi=DPI)
+    ratios = [3, 1] if pitched and drums else [1]
+    axes = fig.subplots(len(ratios), 1, sharex=True, gridspec_kw={"height_ratios": ratios, "hspace": 0.05},
+                        squeeze=False)[:, 0]
+    ax_notes = axes[0] if pitched else None
+    ax_drums = axes[-1] if drums else None
+
+    if ax_notes is not None:
+        all_pitches = np.concatenate([notes_of(t)[2] for t in pitched])
+        lo, hi = (int(all_pitches.min()) - 2, int(all_pitches.max()) + 2) if len(all_pitches) else (48, 84)
+        for p in range(lo, hi + 1):  # black keys shaded, as on a keyboard
+            if p % 12 in BLACK_KEYS:
+                ax_notes.axhspan(p - 0.5, p + 0.5, color="#000000", alpha=0.045, lw=0)
+        for i, track in enumerate(pitched):
+            start, end, pitch, vel = notes_of(track)
+            rgba = np.tile(matplotlib.colors.to_rgba(TRACK_COLOURS[i % len(TRACK_COLOURS)]), (len(start), 1))
+            rgba[:, 3] = 0.3 + 0.7 * vel / 127  # louder notes darker
+            ax_notes.barh(pitch, end - start, left=start, height=0.85, color=rgba, lw=0,
+                          label=track.name or pretty_midi.program_to_instrument_name(track.program))
+        ax_notes.set_ylim(lo - 0.5, hi + 0.5)
+        cs = [p for p in range(lo, hi + 1) if p % 12 == 0]
+        ax_notes.set_yticks(cs, [pretty_midi.note_number_to_name(p) for p in cs])
+        ax_notes.set_ylabel("pitch")
+        if len(pitched) > 1:
+            ax_notes.legend(loc="upper right", fontsize=8, framealpha=0.8)
+
+    if ax_drums is not None:
+        hits = [notes_of(t) for t in drums]
+        kinds = sorted({int(p) for h in hits for p in h[2]})
+        row = {p: i for i, p in enumerate(kinds)}
+        for start, _, pitch, vel in hits:
+            alpha = 0.3 + 0.7 * vel / 127
+            colours = np.tile(matplotlib.colors.to_rgba("#333333"), (len(start), 1))
+            colours[:, 3] = alpha
+            ax_drums.scatter(start, [row[int(p)] for p in pitch], marker="|", s=60, c=colours, linewidths=1.5)
+        ax_drums.set_yticks(range(len(kinds)), [_drum_name(pretty_midi, p) for p in kinds], fontsize=7)
+        ax_drums.set_ylim(-0.7, len(kinds) - 0.3)
+        ax_drums.set_ylabel("drums")
+
+    shown = grid.starts[first - 1:last + 1]
+    beats = grid.beats[(grid.beats >= x0) & (grid.beats <= x1)]
+    markers = [(int(m.time), str(m.text)) for m in score.markers if x0 <= m.time < x1]
+    for ax in axes:
+        ax.vlines(beats, 0, 1, transform=ax.get_xaxis_transform(), color="#000000", alpha=0.08, lw=0.5)
+        ax.vlines(shown, 0, 1, transform=ax.get_xaxis_transform(), color="#000000", alpha=0.4, lw=0.8)
+        for time, text in markers:
+            if text == CONTINUATION_MARKER:
+                ax.axvline(time, color="#d62728", lw=1.6, ls="--")
+        ax.set_xlim(x0, x1)
+    top = axes[0]
+    every = max(1, int(np.ceil((last - first + 1) / max(8, width / 45))))  # bar numbers that fit
+    numbered = [b for b in range(first, last + 1) if (b - first) % every == 0]
+    axes[-1].set_xticks([grid.starts[b - 1] for b in numbered], [str(b) for b in numbered])
+    axes[-1].set_xlabel("bar")
+    for time, text in markers:
+        label = "continuation →" if text == CONTINUATION_MARKER else text
+        top.text(time, 1.005, label, transform=top.get_xaxis_transform(), fontsize=7, rotation=0,
+                 color="#d62728" if text == CONTINUATION_MARKER else "#555555", va="bottom", ha="left")
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.subplots_adjust(left=70 / width, right=1 - 20 / width, bottom=45 / height, top=1 - (50 if title else 30) / height)
+    buf = io.BytesIO()
+    fig.savefig(buf, format=fmt[1:], dpi=DPI)
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def require_matplotlib():
+    """matplotlib.pyplot on the Agg backend, or a one-line error saying how to install it."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise SpemusicError("piano rolls need matplotlib: pip install 'spemusic[plot]'") from None
+    return plt
+
+
+def _drum_name(pretty_midi, pitch: int) -> str:
+    name = pretty_midi.note_number_to_drum_name(pitch)
+    return f"{name} ({pitch})" if name else str(pitch)
+
+
+def draw_file(src: Path, dest: Path, bars: tuple[int, int] | None = None, size: tuple[int, int] | None = None) -> None:
+    """Read a MIDI file and write its piano roll (the format from dest's suffix), atomically."""
+    from .files import write_output
+    from .tokenizer import read_score
+
+    fmt = dest.suffix.lower()
+    if fmt not in FORMATS:
+        raise SpemusicError(f"{dest}: cannot draw a {fmt or 'suffix-less'} file; use {', '.join(FORMATS)}")
+    try:
+        data = render(read_score(src), fmt, bars, size, title=src.name)
+    except SpemusicError as e:
+        msg = str(e)
+        raise SpemusicError(msg if msg.startswith(str(src)) else f"{src}: {msg}") from None
+    write_output(data, dest)

@@ -1,0 +1,94 @@
+"""`spemusic show` and `--png`: piano-roll pictures."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import symusic
+
+pytest.importorskip("matplotlib")
+from matplotlib.image import imread  # noqa: E402
+
+from spemusic.pianoroll import CONTINUATION_MARKER, bar_grid  # noqa: E402
+
+CHORD = [(0, False, p, 0, 960, 90) for p in (60, 64, 67)]
+
+
+def test_show_writes_an_image_of_the_asked_size_that_follows_the_notes(run_cli, midi_factory, tmp_path):
+    low = midi_factory("low.mid", CHORD + [(0, False, 48, 960, 1920, 60)])
+    high = midi_factory("high.mid", CHORD + [(0, False, 72, 960, 1920, 60)])
+    images = []
+    for src in (low, high):
+        out = tmp_path / f"{src.stem}.png"
+        code, _, err = run_cli("show", src, "-o", out, "--size", "800x400")
+        assert code == 0, err
+        img = imread(out)
+        assert img.shape[:2] == (400, 800)
+        images.append(img)
+    assert np.abs(images[0] - images[1]).sum() > 100  # a different note, a different picture
+    again = tmp_path / "again.png"
+    run_cli("show", low, "-o", again, "--size", "800x400")
+    assert np.array_equal(imread(again), images[0])  # and the same notes the same one
+
+
+def test_show_formats_bars_and_drums(run_cli, examples, tmp_path):
+    for suffix, head in ((".svg", b"<?xml"), (".pdf", b"%PDF")):
+        out = tmp_path / f"groove{suffix}"
+        code, _, err = run_cli("show", examples["groove"], "-o", out)
+        assert code == 0, err
+        assert out.read_bytes().startswith(head)
+    code, _, err = run_cli("show", examples["piano"], "--bars", "2:3", "-o", tmp_path / "part.png")
+    assert code == 0, err
+    code, _, err = run_cli("show", examples["piano"], "--bars", "40:", "-o", tmp_path / "none.png")
+    assert code == 1 and "the file has" in err and not (tmp_path / "none.png").exists()
+
+
+def test_show_folder_mode(run_cli, examples, tmp_path):
+    code, _, err = run_cli("show", examples["groove"].parent, "-o", tmp_path / "rolls/")
+    assert code == 0, err
+    assert sorted(p.name for p in (tmp_path / "rolls").iterdir()) == ["groove.png", "piano.png"]
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--size", "huge"], "WIDTHxHEIGHT"),
+    (["--bars", "3:1"], "must not come before"),
+    (["--format", "gif"], "png, svg or pdf"),
+    (["-o", "roll.gif"], "cannot draw a .gif"),
+])
+def test_show_bad_options(run_cli, examples, tmp_path, monkeypatch, args, message):
+    monkeypatch.chdir(tmp_path)
+    code, _, err = run_cli("show", examples["piano"], *args)
+    assert code == 1 and message in err and len(err.strip().splitlines()) == 1, err
+    assert not list(tmp_path.iterdir())
+
+
+def test_show_bad_files(run_cli, midi_factory, tmp_path):
+    empty = midi_factory("empty.mid", [])
+    code, _, err = run_cli("show", empty, "-o", tmp_path / "e.png")
+    assert code == 1 and "no notes to draw" in err and not (tmp_path / "e.png").exists()
+    junk = tmp_path / "junk.mid"
+    junk.write_bytes(b"not midi at all")
+    code, _, err = run_cli("show", junk, "-o", tmp_path / "j.png")
+    assert code == 1 and "not a MIDI file" in err and len(err.strip().splitlines()) == 1
+
+
+def test_bar_grid_follows_meter_changes(midi_factory):
+    path = midi_factory("meters.mid", CHORD, time_signatures=((4, 4, 0), (3, 4, 1920), (6, 8, 3360)))
+    score = symusic.Score(str(path))
+    score.tracks[0].notes.append(symusic.Note(4800, 100, 60, 80))  # the file runs to tick 4900
+    grid = bar_grid(score)
+    assert list(grid.starts[:5]) == [0, 1920, 3360, 4800, 6240]  # 4/4, 3/4, then 6/8 bars of 1440
+    assert list(grid.beats[4:7]) == [1920, 2400, 2880]
+
+
+def test_continue_marks_where_the_new_bars_begin_and_draws_it(run_cli, tiny_checkpoint, examples, tmp_path):
+    out = tmp_path / "more.mid"
+    code, _, err = run_cli("continue", examples["piano"], "-m", tiny_checkpoint, "--bars", 2, "-o", out, "--png")
+    assert code == 0, err
+    score = symusic.Score(str(out))
+    marks = [m.time for m in score.markers if m.text == CONTINUATION_MARKER]
+    prompt = symusic.Score(str(examples["piano"]))
+    last_onset = max(n.time for t in prompt.tracks for n in t.notes)
+    # one marker, on the bar line after the prompt's last note (the piano phrase is in 4/4)
+    assert len(marks) == 1 and marks[0] > last_onset and marks[0] % (4 * prompt.ticks_per_quarter) == 0, marks
+    assert imread(out.with_suffix(".png")).shape[1] >= 900
