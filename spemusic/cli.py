@@ -494,7 +494,8 @@ def _sampling_progress(total: int | None, disable: bool) -> Progress:
                      TimeElapsedColumn(), TimeRemainingColumn(), disable=disable)
 
 
-def _run_sampling(model, tok, *, num, length, bars, prompt, options, seed, weights_dtype, quiet, chords=None):
+def _run_sampling(model, tok, *, num, length, bars, prompt, options, seed, weights_dtype, quiet, chords=None,
+                  meter=None, tempo=None):
     from .sampling import sample
 
     total = length
@@ -523,7 +524,7 @@ def _run_sampling(model, tok, *, num, length, bars, prompt, options, seed, weigh
         try:
             result = sample(model, tok, num=num, length=length, bars=bars, prompt=prompt, options=options,
                             seed=seed, on_token=on_token, should_stop=stop.is_set, weights_dtype=weights_dtype,
-                            chords=chords)
+                            chords=chords, meter=meter, tempo=tempo)
         finally:
             signal.signal(signal.SIGINT, previous)
         if task is not None:
@@ -549,8 +550,8 @@ def _report(rows, result, seed, as_json, midis, prompt_bar_count: int, only_cont
             bars = f"{file_bars} bar{'s' * (file_bars != 1)}" + (
                 f" ({prompt_bar_count} of the prompt, {new_bars} new)" if file_bars != new_bars else "")
             dropped = result.new_tokens - new_tokens if by_length else 0
-            err.print(f"wrote {path}: {bars}, {notes} notes, {seconds:.1f} s of music ({new_tokens} new tokens at "
-                      f"{tps:,.0f} tok/s" + (f"; {dropped} tokens of an unfinished last bar dropped" if dropped > 0 else "")
+            err.print(f"wrote {path}: {bars}, {notes} notes, {seconds:.1f} s of music, seed {seed} ({new_tokens} new "
+                      f"tokens at {tps:,.0f} tok/s" + (f"; {dropped} tokens of an unfinished last bar dropped" if dropped > 0 else "")
                       + ")", highlight=False)
         if new_bars == 0 or notes == 0:
             err.print(f"[yellow]warning:[/] {escape(str(path))}: no new notes: {result.new_tokens} tokens did not "
@@ -566,7 +567,11 @@ def generate(
     temperature: float = typer.Option(1.0, help="Softmax temperature (> 0)."),
     top_p: float = typer.Option(0.95, "--top-p", help="Nucleus sampling mass in (0, 1]; 1 turns it off."),
     top_k: int = typer.Option(0, "--top-k", help="Keep the K most likely tokens; 0 turns it off."),
-    seed: int = typer.Option(0, help="Random seed: same seed, options and model give the same file."),
+    seed: Optional[int] = typer.Option(None, help="Random seed: same seed, options and model give the same file. "
+                                       "\\[default: a new one, printed]"),
+    meter: Optional[str] = typer.Option(None, "--meter", help="Opening time signature, e.g. 3/4 \\[default: the "
+                                        "model's most likely]"),
+    tempo: Optional[float] = typer.Option(None, "--tempo", help="Opening tempo in BPM \\[default: the model's choice]"),
     output: str = typer.Option("generated.mid", "-o", "--output", help="Output .mid (OUT-1.mid … with --num), or a "
                                "folder (an existing one, or a name ending in /) for piece.mid, piece-1.mid …"),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace existing output files."),
@@ -596,7 +601,8 @@ def generate(
     check_length_bars(length, bars)
     progression = parse_chords(chords) if chords is not None else None
     _generate_or_continue(model, None, None, length, bars, num, temperature, top_p, top_k, seed, output, overwrite,
-                          device, precision, as_json, False, chords=progression, keep_overlaps=keep_overlaps, png=png)
+                          device, precision, as_json, False, chords=progression, keep_overlaps=keep_overlaps, png=png,
+                          meter=meter, tempo=tempo)
 
 
 @app.command("continue")
@@ -611,7 +617,8 @@ def continue_(
     temperature: float = typer.Option(1.0, help="Softmax temperature (> 0)."),
     top_p: float = typer.Option(0.95, "--top-p", help="Nucleus sampling mass in (0, 1]; 1 turns it off."),
     top_k: int = typer.Option(0, "--top-k", help="Keep the K most likely tokens; 0 turns it off."),
-    seed: int = typer.Option(0, help="Random seed."),
+    seed: Optional[int] = typer.Option(None, help="Random seed: same seed, options and model give the same file. "
+                                       "\\[default: a new one, printed]"),
     output: Optional[str] = typer.Option(None, "-o", "--output", help="Output .mid (OUT-1.mid … with --num), or a "
                                          "folder. \\[default: PROMPT-continued.mid in the current folder]"),
     only_continuation: bool = typer.Option(False, "--only-continuation", help="Write only the new bars."),
@@ -651,7 +658,7 @@ def continue_(
 
 def _generate_or_continue(model_name, prompt_path, prompt_bars, length, bars, num, temperature, top_p, top_k, seed,
                           output, overwrite, device, precision, as_json, only_continuation, beats=None, chords=None,
-                          keep_overlaps=False, png=False):
+                          keep_overlaps=False, png=False, meter=None, tempo=None):
     import torch
 
     from .checkpoint import load_model
@@ -662,6 +669,10 @@ def _generate_or_continue(model_name, prompt_path, prompt_bars, length, bars, nu
 
     if num < 1:
         raise SpemusicError(f"--num must be at least 1 (got {num})")
+    if seed is None:  # a new piece on every run; the seed is printed, so a piece can be made again
+        import secrets
+
+        seed = secrets.randbelow(2**31)
     options = SamplingOptions(temperature=temperature, top_k=top_k, top_p=top_p)
     options.check()
     if device not in ("cpu",) and not device.startswith("cuda"):
@@ -692,6 +703,10 @@ def _generate_or_continue(model_name, prompt_path, prompt_bars, length, bars, nu
         from .sampling import chord_ids
 
         chord_ids(tok, chords)  # refused before any work when the model has no chord tokens
+    if meter is not None or tempo is not None:
+        from .sampling import opening_tokens
+
+        opening_tokens(tok, meter, tempo)  # refused before any work when the vocabulary lacks them
     if prompt is not None and tok.config != REMITokenizer().config:
         prompt = load_prompt(prompt_path, tok, prompt_bars, beats)
     for warning in prompt.warnings if prompt is not None else []:
@@ -702,7 +717,7 @@ def _generate_or_continue(model_name, prompt_path, prompt_bars, length, bars, nu
                            prompt=None if prompt is None else prompt.ids, options=options, seed=seed,
                            weights_dtype={"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}.get(
                                precision.value),  # auto: None, the sampler picks
-                           quiet=as_json and not sys.stderr.isatty(), chords=chords)
+                           quiet=as_json and not sys.stderr.isatty(), chords=chords, meter=meter, tempo=tempo)
     prompt_len = 1 if prompt is None else len(prompt.ids)  # BOS, or the prompt's tokens
     prompt_bar_count = 0 if prompt is None else count_bars(prompt.ids, tok)
     midis, rows = [], []

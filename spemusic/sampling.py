@@ -105,6 +105,27 @@ def chord_ids(tokenizer: REMITokenizer, names: list[str]) -> list[int]:
     return [tokenizer.token_to_id[f"Chord_{n}"] for n in names]
 
 
+def opening_tokens(tokenizer: REMITokenizer, meter: str | None = None, tempo: float | None = None) -> tuple[int | None, int | None]:
+    """Token ids of an opening time signature ("3/4") and tempo (BPM) asked for a piece from
+    scratch; a value the vocabulary lacks is an error that says what exists."""
+    meter_id = tempo_id = None
+    if meter is not None:
+        grammar = REMIGrammar(tokenizer)
+        fits = [f"{n}/{d}" for n, d in tokenizer.time_signatures
+                if grammar.timesig_ok[tokenizer.token_to_id[f"TimeSig_{n}/{d}"]]]
+        name = meter.strip().replace(" ", "")
+        if name not in fits:
+            raise SpemusicError(f"--meter {meter}: not in this model's vocabulary; it has {', '.join(fits)}")
+        meter_id = tokenizer.token_to_id[f"TimeSig_{name}"]
+    if tempo is not None:
+        lo, hi = tokenizer.config.tempo_min, tokenizer.config.tempo_max
+        if not (np.isfinite(tempo) and lo <= tempo <= hi):
+            raise SpemusicError(f"--tempo {tempo:g}: this model's tempo tokens run from {lo:g} to {hi:g} BPM "
+                                f"({tokenizer.config.num_tempo_bins} steps)")
+        tempo_id = tokenizer.range("Tempo")[0] + int(tokenizer.tempo_bin([tempo])[0])
+    return meter_id, tempo_id
+
+
 def force_chord(mask: np.ndarray, st: GrammarState, chord: int, grammar: REMIGrammar) -> None:
     """Restrict a grammar mask so that the bar opens on Position_0 + `chord` and changes chord
     nowhere else (a chord already in force is not repeated: the grammar forbids it)."""
@@ -144,7 +165,7 @@ def auto_step_dtype(device, batch: int) -> torch.dtype:
 def sample(model: Performer, tokenizer: REMITokenizer, *, num: int = 1, length: int | None = None,
            bars: int | None = None, prompt: np.ndarray | None = None, options: SamplingOptions | None = None,
            seed: int = 0, on_token=None, should_stop=None, weights_dtype: torch.dtype | None = None,
-           chords: list[str] | None = None) -> SampleResult:
+           chords: list[str] | None = None, meter: str | None = None, tempo: float | None = None) -> SampleResult:
     """Sample `num` pieces of `length` new tokens (or `bars` new bars) after an optional prompt.
 
     `prompt` is a token sequence without EOS (it will be continued with a new bar). `on_token(n, bars)`
@@ -152,12 +173,16 @@ def sample(model: Performer, tokenizer: REMITokenizer, *, num: int = 1, length: 
     returns the valid part generated so far. `weights_dtype`: the recurrent step's linear weights;
     None picks `auto_step_dtype`. `chords`: a progression of chord names (``"A:min"``, see
     spemusic.chords), one per new bar, repeating: every bar opens on ``Position_0 Chord_X`` and
-    holds no other chord change (the model writes the notes)."""
+    holds no other chord change (the model writes the notes). `meter` ("3/4") and `tempo` (BPM):
+    the opening time signature and tempo of a piece from scratch (the model may change them later);
+    without them, the piece opens on the model's most likely meter."""
     options = options or SamplingOptions()
     options.check()
     check_length_bars(length, bars)
     grammar = REMIGrammar(tokenizer, strict_order=False)
     forced = chord_ids(tokenizer, chords) if chords else None
+    meter_id, tempo_id = opening_tokens(tokenizer, meter, tempo)
+    tempo_lo, tempo_hi = tokenizer.range("Tempo")
     model.eval()
     model.resample(seed)
     device = next(model.parameters()).device
@@ -210,6 +235,12 @@ def sample(model: Performer, tokenizer: REMITokenizer, *, num: int = 1, length: 
                     masks[b] = grammar.allowed(st, allow_eos=False, allow_bar=not (opening or closing))
                     if forced is not None:
                         force_chord(masks[b], st, forced[(bars_started[b] - 1) % len(forced)], grammar)
+                    if meter_id is not None and st.last == BAR and st.bars == 1:
+                        masks[b, :] = False
+                        masks[b, meter_id] = True
+                    if tempo_id is not None and st.tempo < 0 and masks[b, tempo_lo:tempo_hi].any():
+                        masks[b, tempo_lo:tempo_hi] = False  # the piece's first tempo
+                        masks[b, tempo_id] = True
             force_bar = False
             masked = logits.float().masked_fill(~torch.from_numpy(masks).to(device), float("-inf"))
             probs = torch.softmax(filter_logits(masked, options), dim=-1).cpu()

@@ -369,3 +369,37 @@ def test_a_piece_from_scratch_opens_in_its_most_likely_meter(tiny_checkpoint):
     for seed in range(4):
         for ids in sample(model, tok, num=2, length=12, seed=seed).ids:
             assert tok.ids_to_tokens(ids)[2] == "TimeSig_3/4"
+
+
+def test_without_seed_every_run_is_new_and_can_be_made_again(run_cli, tiny_checkpoint, tmp_path):
+    import re
+
+    code, _, err = run_cli("generate", "--model", tiny_checkpoint, "--length", 200, "-o", tmp_path / "a.mid")
+    assert code == 0, err
+    seeds = [int(re.search(r"seed (\d+)", err).group(1))]  # the wrote line says which
+    code, out, err = run_cli("generate", "--model", tiny_checkpoint, "--length", 200, "-o", tmp_path / "b.mid", "--json")
+    assert code == 0, err
+    seeds.append(json.loads(out.strip().splitlines()[-1])["seed"])
+    assert seeds[0] != seeds[1] and (tmp_path / "a.mid").read_bytes() != (tmp_path / "b.mid").read_bytes()
+    code, _, _ = run_cli("generate", "--model", tiny_checkpoint, "--length", 200, "-o", tmp_path / "again.mid",
+                         "--seed", seeds[0])
+    assert code == 0 and (tmp_path / "again.mid").read_bytes() == (tmp_path / "a.mid").read_bytes()
+
+
+def test_meter_and_tempo_open_the_piece(run_cli, tiny_checkpoint, tmp_path):
+    from spemusic.tokenizer import REMITokenizer
+
+    tok = REMITokenizer()
+    for seed in (1, 2):
+        out = tmp_path / f"m{seed}.mid"
+        code, _, err = run_cli("generate", "--model", tiny_checkpoint, "--bars", 2, "--meter", "3/4", "--tempo", 90,
+                               "--seed", seed, "-o", out)
+        assert code == 0, err
+        names = tok.ids_to_tokens(tok.encode(out))
+        assert names[2] == "TimeSig_3/4"
+        first_tempo = next(n for n in names if n.startswith("Tempo_"))
+        assert abs(tok.tempo_values[int(first_tempo.split("_")[1])] - 90) < 4
+    for args, message in ((["--meter", "9/7"], "it has 2/2, 3/2"), (["--meter", "waltz"], "not in this model's"),
+                          (["--tempo", 500], "from 30 to 300 BPM")):
+        code, _, err = run_cli("generate", "--model", tiny_checkpoint, "--bars", 2, "-o", tmp_path / "x.mid", *args)
+        assert code == 1 and message in err and not (tmp_path / "x.mid").exists(), err
