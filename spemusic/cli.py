@@ -65,6 +65,23 @@ def _progress(*columns, disable: bool = False) -> Progress:
     return _LazyProgress(*columns, console=err, disable=disable, transient=False)
 
 
+def _set_threads(threads: Optional[int], default: Optional[int] = None) -> None:
+    """--threads N, else OMP_NUM_THREADS when set (torch reads it), else `default` (None: torch's)."""
+    import os
+
+    import torch
+
+    if threads is not None:
+        if threads < 1:
+            raise SpemusicError(f"--threads must be at least 1 (got {threads})")
+        torch.set_num_threads(threads)
+    elif default is not None and not os.environ.get("OMP_NUM_THREADS"):
+        torch.set_num_threads(default)
+
+
+THREADS_HELP = "CPU threads \\[default: OMP_NUM_THREADS when set, else "
+
+
 # ----------------------------------------------------------------------------- tokenize / detokenize
 
 def _expand_inputs(inputs: List[Path], suffixes: set[str]) -> tuple[list[tuple[Path, Path]], bool]:
@@ -408,6 +425,7 @@ def train(
     chords: Optional[Path] = typer.Option(None, "--chords", help="Folder of chord annotations for a MIDI folder DATA: "
                                           "Chord tokens (a new model gets them in its vocabulary)."),
     resume: Optional[Path] = typer.Option(None, "--resume", help="Continue the run in this folder where it stopped."),
+    threads: Optional[int] = typer.Option(None, "--threads", help=THREADS_HELP + "all cores]"),
     stop_after: Optional[int] = typer.Option(None, "--stop-after", help="Stop after this many steps of this invocation "
                                              "(the schedule still follows --steps; resume later)."),
 ):
@@ -424,6 +442,8 @@ def train(
     torchrun --nproc_per_node 4 -m spemusic train my_midis/ -o runs/big --preset paper --steps 100000
     """
     from .train import TrainConfig, train as run_training
+
+    _set_threads(threads)
 
     given = {k: (v.value if isinstance(v, Enum) else v) for k, v in dict(
         preset=preset, pe=pe, gated=gated, attention=attention, seq_len=seq_len, batch_size=batch_size,
@@ -584,6 +604,8 @@ def generate(
                                        "the same pitch whole, on extra layer tracks (default: the later note ends "
                                        "the earlier one, as MIDI players do)."),
     png: bool = typer.Option(False, "--png", help="Also draw each piece's piano roll, OUT.png beside OUT.mid."),
+    threads: Optional[int] = typer.Option(None, "--threads", help=THREADS_HELP + "1 for up to 2 pieces (a "
+                                          "recurrent step is too small to share), else all cores]"),
 ):
     """Sample new pieces from scratch and write MIDI files.
 
@@ -602,7 +624,7 @@ def generate(
     progression = parse_chords(chords) if chords is not None else None
     _generate_or_continue(model, None, None, length, bars, num, temperature, top_p, top_k, seed, output, overwrite,
                           device, precision, as_json, False, chords=progression, keep_overlaps=keep_overlaps, png=png,
-                          meter=meter, tempo=tempo)
+                          meter=meter, tempo=tempo, threads=threads)
 
 
 @app.command("continue")
@@ -634,6 +656,8 @@ def continue_(
                                        "the same pitch whole, on extra layer tracks (default: the later note ends "
                                        "the earlier one, as MIDI players do)."),
     png: bool = typer.Option(False, "--png", help="Also draw each piece's piano roll, OUT.png beside OUT.mid."),
+    threads: Optional[int] = typer.Option(None, "--threads", help=THREADS_HELP + "1 for up to 2 pieces (a "
+                                          "recurrent step is too small to share), else all cores]"),
 ):
     """Continue a MIDI file: the prompt is kept note for note, new bars follow.
 
@@ -653,12 +677,12 @@ def continue_(
     output = output or Path(f"{prompt.with_suffix('').name}-continued.mid")
     _generate_or_continue(model, prompt, prompt_bars, length, bars, num, temperature, top_p, top_k, seed, output,
                           overwrite, device, precision, as_json, only_continuation, beats=beats, chords=progression,
-                          keep_overlaps=keep_overlaps, png=png)
+                          keep_overlaps=keep_overlaps, png=png, threads=threads)
 
 
 def _generate_or_continue(model_name, prompt_path, prompt_bars, length, bars, num, temperature, top_p, top_k, seed,
                           output, overwrite, device, precision, as_json, only_continuation, beats=None, chords=None,
-                          keep_overlaps=False, png=False, meter=None, tempo=None):
+                          keep_overlaps=False, png=False, meter=None, tempo=None, threads=None):
     import torch
 
     from .checkpoint import load_model
@@ -687,10 +711,9 @@ def _generate_or_continue(model_name, prompt_path, prompt_bars, length, bars, nu
         require_matplotlib()  # refused before any work when it is missing
         for p in paths:
             check_output_file(p.with_suffix(".png"), overwrite, "--png")
-    if num <= 2 and device == "cpu":
-        # one recurrent step is a chain of small matrix-vector products: a second thread only
-        # adds synchronisation (measured 4x slower on a busy 2-core machine)
-        torch.set_num_threads(1)
+    # one recurrent step is a chain of small matrix-vector products: a second thread only adds
+    # synchronisation (measured 4x slower on a busy 2-core machine)
+    _set_threads(threads, 1 if num <= 2 and device == "cpu" else None)
     prompt = None
     if prompt_path is not None:
         # read the prompt with the default tokenizer to pick a model, then with the model's own
@@ -785,6 +808,7 @@ def eval_(
     beats: Optional[Path] = typer.Option(None, "--beats", help="Folder of beat annotations for a MIDI folder "
                                          "(as for `data prepare`)."),
     chords: Optional[Path] = typer.Option(None, "--chords", help="Folder of chord annotations for a MIDI folder."),
+    threads: Optional[int] = typer.Option(None, "--threads", help=THREADS_HELP + "all cores]"),
 ):
     """Score models by position (NLL per token, up to and past the trained length), or measure music.
 
@@ -807,6 +831,7 @@ def eval_(
         return
     if reference is not None:
         raise SpemusicError("--reference compares music metrics; use it with --metrics")
+    _set_threads(threads)
     from .checkpoint import load_model
     from .evaluate import evaluate_nll, plot_format, plot_reports
 

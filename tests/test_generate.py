@@ -403,3 +403,13 @@ def test_meter_and_tempo_open_the_piece(run_cli, tiny_checkpoint, tmp_path):
                           (["--tempo", 500], "from 30 to 300 BPM")):
         code, _, err = run_cli("generate", "--model", tiny_checkpoint, "--bars", 2, "-o", tmp_path / "x.mid", *args)
         assert code == 1 and message in err and not (tmp_path / "x.mid").exists(), err
+
+
+def test_threads_option(run_cli, tiny_checkpoint, tmp_path):
+    import torch
+
+    code, _, err = run_cli("generate", "--model", tiny_checkpoint, "--length", 60, "--threads", 2, "--num", 1,
+                           "-o", tmp_path / "a.mid")
+    assert code == 0 and torch.get_num_threads() == 2, err
+    code, _, err = run_cli("generate", "--model", tiny_checkpoint, "--length", 60, "--threads", 0, "-o", tmp_path / "b.mid")
+    assert code == 1 and "--threads must be at least 1" in err and not (tmp_path / "b.mid").exists()
