@@ -151,6 +151,8 @@ def _convert_many(inputs, output, suffixes, new_suffix, convert, what: str, over
         err.print(f"[yellow]skipped:[/] {escape(f)}", highlight=False)
     err.print(f"{len(pairs) - len(failures)} of {len(pairs)} files written to {output}"
               + (f", {len(failures)} skipped" if failures else ""))
+    if len(failures) == len(pairs):
+        raise typer.Exit(1)  # nothing written is a failure; some written is a success with its skip list
 
 
 @app.command()
@@ -743,11 +745,15 @@ def _generate_or_continue(model_name, prompt_path, prompt_bars, length, bars, nu
                            quiet=as_json and not sys.stderr.isatty(), chords=chords, meter=meter, tempo=tempo)
     prompt_len = 1 if prompt is None else len(prompt.ids)  # BOS, or the prompt's tokens
     prompt_bar_count = 0 if prompt is None else count_bars(prompt.ids, tok)
+    overlaps = "layers" if keep_overlaps else "trim"
+    pieces = [tok.decode(ids, overlaps) if prompt is None else merge_continuation(prompt, ids, tok, only_continuation, overlaps)
+              for ids in result.ids]
+    empty = [str(path) for path, midi in zip(paths, pieces) if not any(i.notes for i in midi.instruments)]
+    if empty:  # nothing is written: an empty MIDI file is no piece
+        raise SpemusicError(f"{len(empty)} of {len(paths)} pieces hold no note ({result.new_tokens} tokens did not "
+                            f"complete a bar with notes): nothing written; give a larger --length, or --bars")
     midis, rows = [], []
-    for path, ids in zip(paths, result.ids):
-        overlaps = "layers" if keep_overlaps else "trim"
-        midi = (tok.decode(ids, overlaps) if prompt is None
-                else merge_continuation(prompt, ids, tok, only_continuation, overlaps))
+    for path, ids, midi in zip(paths, result.ids, pieces):
         write_output(midi_bytes(midi), path)
         if png:
             import symusic

@@ -22,6 +22,8 @@ def output_paths(out: str | Path, num: int, overwrite: bool) -> list[Path]:
     cannot be written."""
     new_folder = names_new_folder(out)
     out = Path(out)
+    if not (new_folder or out.is_dir()) and out.suffix and out.suffix.lower() not in (".mid", ".midi"):
+        raise SpemusicError(f"-o {out}: a MIDI file is written; name it .mid (or give a folder)")
     if new_folder or out.is_dir():
         paths = [out / f"piece-{i + 1}.mid" for i in range(num)] if num > 1 else [out / "piece.mid"]
     elif num > 1:

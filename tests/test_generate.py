@@ -248,9 +248,20 @@ def test_output_folder_with_trailing_slash(run_cli, tiny_checkpoint, tmp_path):
     assert sorted(p.name for p in folder.iterdir()) == ["piece-1.mid", "piece-2.mid"]
 
 
-def test_too_short_a_piece_is_warned_about(run_cli, tiny_checkpoint, tmp_path):
+def test_a_piece_without_notes_is_an_error_and_nothing_is_written(run_cli, tiny_checkpoint, tmp_path):
     code, _, err = run_cli("generate", "--model", tiny_checkpoint, "--length", 3, "-o", tmp_path / "x.mid")
-    assert code == 0 and "warning" in err and "no new notes" in err
+    assert code == 1 and "hold no note" in err and "nothing written" in err and not (tmp_path / "x.mid").exists()
+    code, _, err = run_cli("generate", "--model", tiny_checkpoint, "--length", 30, "-o", tmp_path / "z.txt")
+    assert code == 1 and "name it .mid" in err and not (tmp_path / "z.txt").exists()
+
+
+def test_tokenize_with_every_file_skipped_fails(run_cli, tmp_path):
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    for name in ("a.mid", "b.mid"):
+        (bad / name).write_bytes(b"junk")
+    code, _, err = run_cli("tokenize", bad, "-o", tmp_path / "out/")
+    assert code == 1 and "0 of 2 files written" in err
 
 
 def test_continue_reports_prompt_and_new_bars(run_cli, tiny_checkpoint, examples, tmp_path):
