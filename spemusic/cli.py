@@ -20,6 +20,11 @@ from rich.table import Table
 from . import __version__
 from .errors import SpemusicError
 
+# typer prints a <bool> type placeholder after every flag (--overwrite <bool>), as if it took a
+# value; flags take none, so their type column stays empty
+_display_type_rich = typer.core.TyperOption.display_type_rich
+typer.core.TyperOption.display_type_rich = lambda self, ctx: None if self.is_flag else _display_type_rich(self, ctx)
+
 app = typer.Typer(
     help="Symbolic music generation with long-context Performers and Stochastic Positional Encoding.\n\n"
          "Make music with the shipped model:  spemusic generate --length 4096 -o song.mid",

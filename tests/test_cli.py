@@ -296,3 +296,10 @@ def test_metrics_json_is_valid_for_drums(run_cli, examples, tmp_path):
     data = json.loads(out.read_text(), parse_constant=refuse)
     assert data["generated"]["H1"] is None and data["generated"]["GS"] == pytest.approx(1.0)
     assert "drums" in stdout
+
+
+def test_help_shows_no_value_placeholder_for_flags(run_cli):
+    for command in ("generate", "continue", "train", "show", "tokenize"):
+        code, out, _ = run_cli(command, "--help")
+        assert code == 0 and "--overwrite" in out or command == "train"
+        assert "<bool>" not in out, command
