@@ -238,7 +238,10 @@ def prepare(
     for r, p in zip(rel, paths):
         ids, err = results[p]
         if ids is None:
-            skipped.append({"path": r, "reason": err.replace(p, r) if err else "unknown error"})
+            reason = err.replace(p, r) if err else "unknown error"
+            if reason.startswith(f"{r}: "):  # listed under its name: the reason need not repeat it
+                reason = reason[len(r) + 2:]
+            skipped.append({"path": r, "reason": reason})
             continue
         if splits_by_path is not None:
             split = splits_by_path.get(r)
