@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import signal
 import sys
 import threading
@@ -84,6 +85,8 @@ def _set_threads(threads: Optional[int], default: Optional[int] = None) -> None:
         torch.set_num_threads(default)
 
 
+# the chord-tone bias of --chords (sampling.chord_tones): the models alone follow chord tokens weakly
+CHORD_STRENGTH = 2.0
 THREADS_HELP = "CPU threads \\[default: OMP_NUM_THREADS when set, else "
 
 
@@ -522,7 +525,7 @@ def _sampling_progress(total: int | None, disable: bool) -> Progress:
 
 
 def _run_sampling(model, tok, *, num, length, bars, prompt, options, seed, weights_dtype, quiet, chords=None,
-                  meter=None, tempo=None):
+                  meter=None, tempo=None, chord_strength=0.0):
     from .sampling import sample
 
     total = length
@@ -551,7 +554,7 @@ def _run_sampling(model, tok, *, num, length, bars, prompt, options, seed, weigh
         try:
             result = sample(model, tok, num=num, length=length, bars=bars, prompt=prompt, options=options,
                             seed=seed, on_token=on_token, should_stop=stop.is_set, weights_dtype=weights_dtype,
-                            chords=chords, meter=meter, tempo=tempo)
+                            chords=chords, meter=meter, tempo=tempo, chord_strength=chord_strength)
         finally:
             signal.signal(signal.SIGINT, previous)
         if task is not None:
@@ -607,6 +610,8 @@ def generate(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object per output on stdout."),
     chords: Optional[str] = typer.Option(None, "--chords", help="Chord progression, one chord per bar, repeating: "
                                          "'C G Am F', or a file with one chord per line."),
+    chord_strength: float = typer.Option(CHORD_STRENGTH, "--chord-strength", help="With --chords: nats added to the "
+                                         "bar's chord tones wherever a pitch is sampled (0: the chord tokens alone)."),
     keep_overlaps: bool = typer.Option(False, "--keep-overlaps", help="Keep notes that overlap an earlier one of "
                                        "the same pitch whole, on extra layer tracks (default: the later note ends "
                                        "the earlier one, as MIDI players do)."),
@@ -631,7 +636,7 @@ def generate(
     progression = parse_chords(chords) if chords is not None else None
     _generate_or_continue(model, None, None, length, bars, num, temperature, top_p, top_k, seed, output, overwrite,
                           device, precision, as_json, False, chords=progression, keep_overlaps=keep_overlaps, png=png,
-                          meter=meter, tempo=tempo, threads=threads)
+                          meter=meter, tempo=tempo, threads=threads, chord_strength=chord_strength)
 
 
 @app.command("continue")
@@ -659,6 +664,8 @@ def continue_(
                                          "or POP909's three columns): its bars are the annotated ones."),
     chords: Optional[str] = typer.Option(None, "--chords", help="Chord progression of the new bars, one per bar, "
                                          "repeating: 'C G Am F', or a file."),
+    chord_strength: float = typer.Option(CHORD_STRENGTH, "--chord-strength", help="With --chords: nats added to the "
+                                         "bar's chord tones wherever a pitch is sampled (0: the chord tokens alone)."),
     keep_overlaps: bool = typer.Option(False, "--keep-overlaps", help="Keep notes that overlap an earlier one of "
                                        "the same pitch whole, on extra layer tracks (default: the later note ends "
                                        "the earlier one, as MIDI players do)."),
@@ -684,12 +691,12 @@ def continue_(
     output = output or Path(f"{prompt.with_suffix('').name}-continued.mid")
     _generate_or_continue(model, prompt, prompt_bars, length, bars, num, temperature, top_p, top_k, seed, output,
                           overwrite, device, precision, as_json, only_continuation, beats=beats, chords=progression,
-                          keep_overlaps=keep_overlaps, png=png, threads=threads)
+                          keep_overlaps=keep_overlaps, png=png, threads=threads, chord_strength=chord_strength)
 
 
 def _generate_or_continue(model_name, prompt_path, prompt_bars, length, bars, num, temperature, top_p, top_k, seed,
                           output, overwrite, device, precision, as_json, only_continuation, beats=None, chords=None,
-                          keep_overlaps=False, png=False, meter=None, tempo=None, threads=None):
+                          keep_overlaps=False, png=False, meter=None, tempo=None, threads=None, chord_strength=0.0):
     import torch
 
     from .checkpoint import load_model
@@ -700,6 +707,8 @@ def _generate_or_continue(model_name, prompt_path, prompt_bars, length, bars, nu
 
     if num < 1:
         raise SpemusicError(f"--num must be at least 1 (got {num})")
+    if not (math.isfinite(chord_strength) and chord_strength >= 0):
+        raise SpemusicError(f"--chord-strength must be a number of 0 or more (got {chord_strength})")
     if seed is None:  # a new piece on every run; the seed is printed, so a piece can be made again
         import secrets
 
@@ -747,7 +756,8 @@ def _generate_or_continue(model_name, prompt_path, prompt_bars, length, bars, nu
                            prompt=None if prompt is None else prompt.ids, options=options, seed=seed,
                            weights_dtype={"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}.get(
                                precision.value),  # auto: None, the sampler picks
-                           quiet=as_json and not sys.stderr.isatty(), chords=chords, meter=meter, tempo=tempo)
+                           quiet=as_json and not sys.stderr.isatty(), chords=chords, meter=meter, tempo=tempo,
+                           chord_strength=chord_strength)
     prompt_len = 1 if prompt is None else len(prompt.ids)  # BOS, or the prompt's tokens
     prompt_bar_count = 0 if prompt is None else count_bars(prompt.ids, tok)
     overlaps = "layers" if keep_overlaps else "trim"

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from .errors import MidiError, SpemusicError
-from .grammar import BAR, NOTE_END, POSITION, TIMESIG, GrammarState, REMIGrammar
+from .grammar import BAR, NOTE_END, POSITION, PROGRAM, TIMESIG, GrammarState, REMIGrammar
 from .model import Performer
 from .tokenizer import REMITokenizer
 
@@ -126,6 +126,21 @@ def opening_tokens(tokenizer: REMITokenizer, meter: str | None = None, tempo: fl
     return meter_id, tempo_id
 
 
+def chord_tones(tokenizer: REMITokenizer, names: list[str]) -> torch.Tensor:
+    """(len(names), V): 1 on the Pitch tokens whose pitch class is a tone of each chord."""
+    from .chords import QUALITIES, ROOTS
+
+    lo, hi = tokenizer.range("Pitch")
+    pitch_class = np.array([int(tokenizer.vocab[i].split("_")[1]) % 12 for i in range(lo, hi)])
+    tones = torch.zeros(len(names), len(tokenizer))
+    for row, name in enumerate(names):
+        if name != "N":
+            root, quality = name.split(":")
+            pcs = [(ROOTS.index(root) + iv) % 12 for iv in QUALITIES[quality]]
+            tones[row, lo:hi] = torch.from_numpy(np.isin(pitch_class, pcs).astype(np.float32))
+    return tones
+
+
 def force_chord(mask: np.ndarray, st: GrammarState, chord: int, grammar: REMIGrammar) -> None:
     """Restrict a grammar mask so that the bar opens on Position_0 + `chord` and changes chord
     nowhere else (a chord already in force is not repeated: the grammar forbids it)."""
@@ -165,7 +180,8 @@ def auto_step_dtype(device, batch: int) -> torch.dtype:
 def sample(model: Performer, tokenizer: REMITokenizer, *, num: int = 1, length: int | None = None,
            bars: int | None = None, prompt: np.ndarray | None = None, options: SamplingOptions | None = None,
            seed: int = 0, on_token=None, should_stop=None, weights_dtype: torch.dtype | None = None,
-           chords: list[str] | None = None, meter: str | None = None, tempo: float | None = None) -> SampleResult:
+           chords: list[str] | None = None, meter: str | None = None, tempo: float | None = None,
+           chord_strength: float = 0.0) -> SampleResult:
     """Sample `num` pieces of `length` new tokens (or `bars` new bars) after an optional prompt.
 
     `prompt` is a token sequence without EOS (it will be continued with a new bar). `on_token(n, bars)`
@@ -173,7 +189,8 @@ def sample(model: Performer, tokenizer: REMITokenizer, *, num: int = 1, length: 
     returns the valid part generated so far. `weights_dtype`: the recurrent step's linear weights;
     None picks `auto_step_dtype`. `chords`: a progression of chord names (``"A:min"``, see
     spemusic.chords), one per new bar, repeating: every bar opens on ``Position_0 Chord_X`` and
-    holds no other chord change (the model writes the notes). `meter` ("3/4") and `tempo` (BPM):
+    holds no other chord change (the model writes the notes); `chord_strength` adds that many nats
+    to the logits of the bar's chord tones wherever a pitch is sampled. `meter` ("3/4") and `tempo` (BPM):
     the opening time signature and tempo of a piece from scratch (the model may change them later);
     without them, the piece opens on the model's most likely meter."""
     options = options or SamplingOptions()
@@ -181,6 +198,7 @@ def sample(model: Performer, tokenizer: REMITokenizer, *, num: int = 1, length: 
     check_length_bars(length, bars)
     grammar = REMIGrammar(tokenizer, strict_order=False)
     forced = chord_ids(tokenizer, chords) if chords else None
+    tones = chord_tones(tokenizer, chords) * chord_strength if chords and chord_strength else None
     meter_id, tempo_id = opening_tokens(tokenizer, meter, tempo)
     tempo_lo, tempo_hi = tokenizer.range("Tempo")
     model.eval()
@@ -242,7 +260,12 @@ def sample(model: Performer, tokenizer: REMITokenizer, *, num: int = 1, length: 
                         masks[b, tempo_lo:tempo_hi] = False  # the piece's first tempo
                         masks[b, tempo_id] = True
             force_bar = False
-            masked = logits.float().masked_fill(~torch.from_numpy(masks).to(device), float("-inf"))
+            logits = logits.float()
+            if tones is not None:  # pitches of the bar's chord are favoured
+                for b in range(num):
+                    if not done[b] and states[b].last == PROGRAM:
+                        logits[b] += tones[(bars_started[b] - 1) % len(forced)].to(device)
+            masked = logits.masked_fill(~torch.from_numpy(masks).to(device), float("-inf"))
             probs = torch.softmax(filter_logits(masked, options), dim=-1).cpu()
             nxt = torch.multinomial(probs, 1, generator=gen).squeeze(1)
             if from_scratch:

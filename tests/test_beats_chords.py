@@ -211,6 +211,35 @@ def test_sampling_forces_one_chord_per_bar(tmp_path):
         assert chord_match(g)[1] <= 6
 
 
+def test_chord_strength_favours_the_bar_chord_tones():
+    import torch
+
+    from spemusic import ModelConfig, Performer
+    from spemusic.sampling import chord_tones, sample
+
+    tones = chord_tones(TOK, ["C:maj", "N"])
+    lo, hi = TOK.range("Pitch")
+    on = [int(TOK.vocab[i].split("_")[1]) % 12 for i in range(lo, hi) if tones[0, i]]
+    assert set(on) == {0, 4, 7} and tones[1].sum() == 0 and tones[0, :lo].sum() == 0
+
+    torch.manual_seed(0)
+    model = Performer(ModelConfig.preset("tiny", vocab_size=len(TOK), pe="sinespe", gated=True))
+    progression = ["C:maj", "A:min"]
+    share = {}
+    for strength in (0.0, 8.0):
+        ids = sample(model, TOK, num=2, bars=4, seed=1, chords=progression, chord_strength=strength).ids
+        hit = total = 0
+        for seq in ids:
+            g = note_grid(seq, TOK)
+            for b in range(g.n_bars):
+                pcs = {0, 4, 7} if b % 2 == 0 else {9, 0, 4}
+                bar = g.pitch[g.bar == b] % 12
+                hit, total = hit + int(np.isin(bar, list(pcs)).sum()), total + len(bar)
+        share[strength] = hit / total
+    # a random model plays chord tones about by chance (3 of 12); with the bias, nearly only them
+    assert share[0.0] < 0.5 and share[8.0] > 0.9, share
+
+
 def test_metrics_of_a_steady_four_four_piece(midi_factory):
     # C major triads on every beat of 8 bars of 4/4: no silence, every beat hit, one key, repeats
     notes = [(0, False, p, b * TPQ, (b + 1) * TPQ, 80) for b in range(32) for p in (60, 64, 67)]
