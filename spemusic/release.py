@@ -49,7 +49,7 @@ the Groove MIDI Dataset (CC BY 4.0)" covers both shipped models.
 |---|---|
 | parameters | {info['parameters']:,} (weights stored in fp16, FAVOR+ features in fp32) |
 | positional encoding | {cfg['pe']}{' gated' if cfg['gated'] else ''}, {cfg['n_sines']} sines, R = {cfg['n_realizations']}, shared across layers |
-| model | {cfg['n_layers']} layers, d_model {cfg['d_model']}, {cfg['n_heads']} heads, d_ff {cfg['d_ff']}, {cfg['n_features']} FAVOR+ features |
+| model | {cfg['n_layers']} layers, d_model {cfg['d_model']}, {cfg['n_heads']} heads, d_ff {cfg['d_ff']}, {cfg['n_features']} FAVOR+ features{f", short convolution of {cfg['short_conv']} tokens" if cfg.get('short_conv') else ''} |
 | tokenizer | REMI, {tok.config.beat_resolution} steps per quarter, {len(tok)} tokens (fingerprint {tok.config.fingerprint()}) |
 | trained length | {seq_len} tokens |
 | steps | {info['step']:,} |
