@@ -87,6 +87,7 @@ def _set_threads(threads: Optional[int], default: Optional[int] = None) -> None:
 
 # the chord-tone bias of --chords (sampling.chord_tones): the models alone follow chord tokens weakly
 CHORD_STRENGTH = 2.0
+MAX_PIECES = 256  # pieces sampled in one batch (each holds its own state, grammar and sequence)
 THREADS_HELP = "CPU threads \\[default: OMP_NUM_THREADS when set, else "
 
 
@@ -705,8 +706,10 @@ def _generate_or_continue(model_name, prompt_path, prompt_bars, length, bars, nu
     from .sampling import SamplingOptions
     from .tokenizer import REMITokenizer
 
-    if num < 1:
-        raise SpemusicError(f"--num must be at least 1 (got {num})")
+    if not 1 <= num <= MAX_PIECES:
+        raise SpemusicError(f"--num must be between 1 and {MAX_PIECES} (got {num}); run several times for more")
+    if seed is not None and not 0 <= seed < 2**63:
+        raise SpemusicError(f"--seed must be between 0 and 2^63 - 1 (got {seed})")
     if not (math.isfinite(chord_strength) and chord_strength >= 0):
         raise SpemusicError(f"--chord-strength must be a number of 0 or more (got {chord_strength})")
     if seed is None:  # a new piece on every run; the seed is printed, so a piece can be made again

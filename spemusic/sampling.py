@@ -25,8 +25,8 @@ class SamplingOptions:
     top_p: float = 1.0      # 1.0: off
 
     def check(self) -> None:
-        if not (self.temperature > 0 and np.isfinite(self.temperature)):
-            raise SpemusicError(f"--temperature must be a positive number (got {self.temperature})")
+        if not (1e-3 <= self.temperature <= 1e3):  # (NaN fails too) beyond: one-hot or uniform in float32
+            raise SpemusicError(f"--temperature must be between 0.001 and 1000 (got {self.temperature})")
         if self.top_k < 0:
             raise SpemusicError(f"--top-k must be 0 (off) or a positive number (got {self.top_k})")
         if not (0 < self.top_p <= 1):

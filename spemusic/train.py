@@ -79,6 +79,9 @@ class TrainConfig:
             raise SpemusicError("give --steps or --epochs (a positive number)")
         if self.steps > 0 and self.epochs > 0:
             raise SpemusicError(f"give --steps or --epochs, not both (got {self.steps} steps and {self.epochs} epochs)")
+        for name in ("lr", "weight_decay", "epochs", "grad_clip"):
+            if not math.isfinite(getattr(self, name)):
+                raise SpemusicError(f"--{name.replace('_', '-')} must be a finite number (got {getattr(self, name)})")
         if self.lr <= 0:
             raise SpemusicError("--lr must be positive")
         for name in ("warmup", "feature_redraw", "transpose"):

@@ -424,3 +424,13 @@ def test_threads_option(run_cli, tiny_checkpoint, tmp_path):
     assert code == 0 and torch.get_num_threads() == 2, err
     code, _, err = run_cli("generate", "--model", tiny_checkpoint, "--length", 60, "--threads", 0, "-o", tmp_path / "b.mid")
     assert code == 1 and "--threads must be at least 1" in err and not (tmp_path / "b.mid").exists()
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--temperature", "1e-300"], "between 0.001 and 1000"), (["--temperature", "nan"], "between 0.001 and 1000"),
+    (["--seed", str(2**64)], "2^63"), (["--seed", "-1"], "2^63"), (["--num", "100000"], "between 1 and 256"),
+    (["--chord-strength", "-1"], "--chord-strength"),
+])
+def test_out_of_range_sampling_options(run_cli, tiny_checkpoint, tmp_path, args, message):
+    code, _, err = run_cli("generate", "--model", tiny_checkpoint, "--length", 20, "-o", tmp_path / "x.mid", *args)
+    assert code == 1 and message in err and not (tmp_path / "x.mid").exists(), err

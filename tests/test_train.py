@@ -212,6 +212,9 @@ def test_train_bad_options(run_cli, pop_cache, tmp_path):
     assert code == 1 and "nothing to resume" in err
     code, _, err = run_cli("train", pop_cache, "-o", tmp_path / "r", "--steps", 2, "--epochs", 1)
     assert code == 1 and "not both" in err
+    for option, value in (("--lr", "inf"), ("--lr", "nan"), ("--weight-decay", "nan")):
+        code, _, err = run_cli("train", pop_cache, "-o", tmp_path / "r", "--steps", 2, option, value)
+        assert code == 1 and f"{option} must be a finite number" in err, err
     code, _, err = run_cli("train", pop_cache, "-o", tmp_path / "r", "--steps", 2, "--pe", "ape", "--max-len", 64,
                            "--seq-len", 128)
     assert code == 1 and "--max-len 64" in err
