@@ -125,6 +125,9 @@ def load_model(name_or_path: str | Path = "pop-piano", device: str | torch.devic
         raise SpemusicError(f"{weights}: weights do not fit the model config ({str(e).splitlines()[0][:160]})") from None
     if unexpected or any(not _is_tied(model, k) for k in missing):
         raise SpemusicError(f"{weights}: weights do not fit the model config (missing {sorted(missing)[:3]}, unexpected {sorted(unexpected)[:3]})")
+    bad = next((k for k, v in model.state_dict().items() if v.is_floating_point() and not torch.isfinite(v).all()), None)
+    if bad is not None:
+        raise SpemusicError(f"{weights}: weights are not finite (NaN or infinity in {bad}): the run that saved them diverged")
     model.float().to(device).eval()
     if return_info:
         return model, tokenizer, meta["info"]

@@ -438,6 +438,8 @@ def train(cfg: TrainConfig, run_dir: Path, resume: bool = False, stop_after: int
             console.print(f"[yellow]warning:[/] {warning}", highlight=False)
 
     def save(names: list[str]) -> None:
+        if not all(torch.isfinite(p).all() for p in model.parameters()):  # never saved as best or last
+            raise SpemusicError(f"training diverged at step {step} (weights not finite); try a lower --lr")
         info = {"step": step, "tokens": tokens_seen, "train_loss": last_train_loss, "valid_loss": last_valid,
                 "best_valid_loss": best_valid if math.isfinite(best_valid) else None,
                 "seq_len": cfg.seq_len, "data": str(cfg.data), "preset": cfg.preset,

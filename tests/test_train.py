@@ -285,3 +285,21 @@ def test_auto_precision_measures_and_keeps_the_random_stream():
     dtype, why = pick_dtype("auto", torch.device("cpu"), cfg, 2, 64)
     assert dtype in (torch.float32, torch.bfloat16) and why.startswith("auto")
     assert pick_dtype("fp32", torch.device("cpu")) == (torch.float32, "asked")
+
+
+def test_non_finite_weights_are_refused(tiny_checkpoint, tmp_path):
+    import shutil
+
+    from spemusic.errors import SpemusicError
+
+    bad = tmp_path / "nan-model"
+    shutil.copytree(tiny_checkpoint, bad)
+    weights = next(bad.glob("*.safetensors"))
+    tensors = safetensors.torch.load_file(str(weights))
+    name = next(k for k, v in tensors.items() if v.is_floating_point())
+    tensors[name][0] = float("nan")
+    with safetensors.safe_open(str(weights), "pt") as f:
+        meta = f.metadata()
+    safetensors.torch.save_file(tensors, str(weights), metadata=meta)
+    with pytest.raises(SpemusicError, match="not finite"):
+        load_model(bad)
