@@ -3,8 +3,18 @@
 __version__ = "0.1.0"
 
 from .errors import MidiError, SpemusicError  # noqa: E402
-from .model import ModelConfig, Performer  # noqa: E402
-from .tokenizer import REMITokenizer, TokenizerConfig  # noqa: E402
+
+# the model and the tokenizer (torch, symusic) load on first use: the command line starts, and
+# handles Ctrl-C, before the heavy imports
+_LAZY = {"ModelConfig": "model", "Performer": "model", "REMITokenizer": "tokenizer", "TokenizerConfig": "tokenizer"}
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    raise AttributeError(f"module 'spemusic' has no attribute {name!r}")
 
 
 def load_model(name_or_path="pop-piano", device="cpu"):

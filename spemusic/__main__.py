@@ -1,5 +1,5 @@
 """`python -m spemusic …` and `torchrun -m spemusic train …`."""
 
-from .cli import main
+from ._start import main
 
 main()

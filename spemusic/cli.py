@@ -87,6 +87,7 @@ def _set_threads(threads: Optional[int], default: Optional[int] = None) -> None:
 
 # the chord-tone bias of --chords (sampling.chord_tones): the models alone follow chord tokens weakly
 CHORD_STRENGTH = 2.0
+INTERRUPTED_AND_SAID = 1130  # exit code 130, after a command's own message about the interruption
 MAX_PIECES = 256  # pieces sampled in one batch (each holds its own state, grammar and sequence)
 THREADS_HELP = "CPU threads \\[default: OMP_NUM_THREADS when set, else "
 
@@ -788,7 +789,7 @@ def _generate_or_continue(model_name, prompt_path, prompt_bars, length, bars, nu
     _report(rows, result, seed, as_json, midis, prompt_bar_count, only_continuation, by_length=bars is None)
     if result.interrupted:
         err.print("interrupted: wrote the music generated so far")
-        raise typer.Exit(130)
+        raise typer.Exit(INTERRUPTED_AND_SAID)
 
 
 # ----------------------------------------------------------------------------- models
@@ -961,6 +962,10 @@ def main() -> None:
     usage_error = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError")
     try:
         code = app(standalone_mode=False)  # usage errors come back here, to be printed on one line
+        if code == 130:  # typer turns a Ctrl-C it catches into this return code, silently
+            err.print("interrupted")
+        if code == INTERRUPTED_AND_SAID:  # a command that stopped on Ctrl-C and said what it kept
+            code = 130
         sys.exit(code if isinstance(code, int) else 0)
     except usage_error as e:
         if type(e).__name__ == "NoArgsIsHelpError":  # `spemusic` or `spemusic data` alone: the help

@@ -303,3 +303,21 @@ def test_help_shows_no_value_placeholder_for_flags(run_cli):
         code, out, _ = run_cli(command, "--help")
         assert code == 0 and "--help" in out
         assert "<bool>" not in out, command
+
+
+@pytest.mark.parametrize("delay", [0.05, 0.3, 0.8])
+def test_ctrl_c_while_starting_is_one_line_and_130(delay):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    proc = subprocess.Popen([sys.executable, "-m", "spemusic", "generate", "--length", "2000", "-o", "/dev/null/x.mid"],
+                            stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    time.sleep(delay)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    if proc.returncode == 1:  # it got as far as refusing the output: no interruption left to test
+        assert "error:" in err
+        return
+    assert proc.returncode == 130 and "Traceback" not in err and err.strip().splitlines()[-1] == "interrupted", err
