@@ -954,6 +954,16 @@ def _eval_metrics(args: List[str], reference: Optional[Path], json_path: Optiona
         err.print(f"wrote {json_path}")
 
 
+def _exit_interrupted() -> None:
+    """Exit 130 now: a Ctrl-C still pending would otherwise end the interpreter's shutdown by
+    the signal itself (exit status -2) after the one-line message."""
+    import os
+
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(130)
+
+
 def main() -> None:
     """Entry point: user errors become one line on stderr and a non-zero exit, never a traceback."""
     # a closed stdout (e.g. `| head`) must not print a traceback either
@@ -964,8 +974,8 @@ def main() -> None:
         code = app(standalone_mode=False)  # usage errors come back here, to be printed on one line
         if code == 130:  # typer turns a Ctrl-C it catches into this return code, silently
             err.print("interrupted")
-        if code == INTERRUPTED_AND_SAID:  # a command that stopped on Ctrl-C and said what it kept
-            code = 130
+        if code in (130, INTERRUPTED_AND_SAID):  # (INTERRUPTED_AND_SAID: the command said what it kept)
+            _exit_interrupted()
         sys.exit(code if isinstance(code, int) else 0)
     except usage_error as e:
         if type(e).__name__ == "NoArgsIsHelpError":  # `spemusic` or `spemusic data` alone: the help
@@ -978,13 +988,13 @@ def main() -> None:
         sys.exit(e.exit_code)
     except typer.Abort:
         err.print("interrupted")
-        sys.exit(130)
+        _exit_interrupted()
     except SpemusicError as e:
         err.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False)
         sys.exit(1)
     except KeyboardInterrupt:
         err.print("interrupted")
-        sys.exit(130)
+        _exit_interrupted()
     except OSError as e:
         err.print(f"[bold red]error:[/] {escape(str(e.filename or ''))}: {escape(str(e.strerror or e))}", highlight=False)
         sys.exit(1)
