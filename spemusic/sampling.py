@@ -196,7 +196,12 @@ def sample(model: Performer, tokenizer: REMITokenizer, *, num: int = 1, length: 
     options = options or SamplingOptions()
     options.check()
     check_length_bars(length, bars)
-    grammar = REMIGrammar(tokenizer, strict_order=False)
+    # the notes of an onset in the tokenizer's order (low to high) for models that can see the
+    # note before (a short convolution); models without one do not know it, and the strict mask
+    # would push them up the keyboard, so they get any order, put right by `canonical` after.
+    # pop-piano-v2 (8 pieces of 1,024 tokens, top-p 0.95): notes per onset 2.69 strict vs 3.82
+    # any order (real songs 1.87), H1 2.29 vs 2.59 (real 2.11)
+    grammar = REMIGrammar(tokenizer, strict_order=model.cfg.short_conv > 0)
     forced = chord_ids(tokenizer, chords) if chords else None
     tones = chord_tones(tokenizer, chords) * chord_strength if chords and chord_strength else None
     meter_id, tempo_id = opening_tokens(tokenizer, meter, tempo)
