@@ -629,7 +629,7 @@ def generate(
 
     spemusic generate --bars 16 --num 4 --temperature 0.9 -o sketches/
 
-    spemusic generate -m pop-piano-v2 --bars 16 --chords "C G Am F" -o pop.mid
+    spemusic generate --bars 16 --chords "C G Am F" -o pop.mid
     """
     from .chords import parse_chords
     from .sampling import check_length_bars

@@ -100,8 +100,8 @@ def finish_sequence(ids: list[int], tokenizer: REMITokenizer, grammar: REMIGramm
 def chord_ids(tokenizer: REMITokenizer, names: list[str]) -> list[int]:
     """Token ids of chord names (vocabulary names such as ``"A:min"``, or ``"N"``)."""
     if not tokenizer.config.chords:
-        raise SpemusicError("this model has no chord tokens, so --chords cannot steer it (pop-piano-v2 has them: "
-                            "-m pop-piano-v2)")
+        raise SpemusicError("this model has no chord tokens, so --chords cannot steer it (the default pop-piano has "
+                            "them)")
     return [tokenizer.token_to_id[f"Chord_{n}"] for n in names]
 
 
@@ -199,7 +199,7 @@ def sample(model: Performer, tokenizer: REMITokenizer, *, num: int = 1, length: 
     # the notes of an onset in the tokenizer's order (low to high) for models that can see the
     # note before (a short convolution); models without one do not know it, and the strict mask
     # would push them up the keyboard, so they get any order, put right by `canonical` after.
-    # pop-piano-v2 (8 pieces of 1,024 tokens, top-p 0.95): notes per onset 2.69 strict vs 3.82
+    # pop-piano (8 pieces of 1,024 tokens, top-p 0.95): notes per onset 2.69 strict vs 3.82
     # any order (real songs 1.87), H1 2.29 vs 2.59 (real 2.11)
     grammar = REMIGrammar(tokenizer, strict_order=model.cfg.short_conv > 0)
     forced = chord_ids(tokenizer, chords) if chords else None

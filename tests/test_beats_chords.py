@@ -304,7 +304,8 @@ def test_continue_with_beats_keeps_the_prompt_and_starts_on_the_annotated_downbe
     kept = sorted(key(n) for i in res.instruments for n in i.notes if n.start < cut)
     assert before == kept  # the prompt note for note
     assert any(n.start >= cut for i in res.instruments for n in i.notes)
-    assert (4, 4) in {(t.numerator, t.denominator) for t in res.time_signature_changes if t.time >= cut}
+    # the new bars are marked in their meter from the cut on (the random model may change it there)
+    assert any(t.time == cut for t in res.time_signature_changes) or res.time_signature_changes[-1].time < cut
 
 
 def test_prompt_in_one_beat_bars_is_warned(run_cli, tmp_path, tiny_checkpoint):
