@@ -21,15 +21,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from spemusic import ModelConfig, Performer
 from spemusic.attention import chunked_linear_attention, favor_key, favor_query
 from spemusic.model import gelu_linear, norm_linear, short_conv
-
-
-def matmul_peak(dtype: torch.dtype, n: int = 2048, reps: int = 5) -> float:
-    a, b = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
-    a @ b
-    t0 = time.perf_counter()
-    for _ in range(reps):
-        a @ b
-    return 2 * n**3 * reps / (time.perf_counter() - t0)
+from train_throughput import matmul_peak  # (benchmarks/, the script's own folder)
 
 
 _LEAVES: dict = {}

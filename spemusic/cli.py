@@ -773,7 +773,8 @@ def _generate_or_continue(model_name, prompt_path, prompt_bars, length, bars, nu
                             f"complete a bar with notes): nothing written; give a larger --length, or --bars")
     midis, rows = [], []
     for path, ids, midi in zip(paths, result.ids, pieces):
-        write_output(midi_bytes(midi), path)
+        data = midi_bytes(midi)
+        write_output(data, path)
         if png:
             import symusic
 
@@ -781,7 +782,7 @@ def _generate_or_continue(model_name, prompt_path, prompt_bars, length, bars, nu
 
             title = f"{path.name} ({model_name or 'pop-piano'}, seed {seed})"
             try:
-                write_output(render(symusic.Score.from_midi(midi_bytes(midi)), ".png", title=title), path.with_suffix(".png"))
+                write_output(render(symusic.Score.from_midi(data), ".png", title=title), path.with_suffix(".png"))
             except SpemusicError as e:  # a piece without notes (warned about below) has no roll
                 err.print(f"[yellow]note:[/] no piano roll for {escape(str(path))}: {escape(str(e))}", highlight=False)
         midis.append(midi)

@@ -44,6 +44,7 @@ class LayerPlan:
     omega_t: torch.Tensor | None  # (dk, M) FAVOR+ projection, data scaling folded in
     code: torch.Tensor | None = None  # (2H, D or 2D, R) view of StepPlan.code_buf (SPE)
     gate: torch.Tensor | None = None  # (2H, 1, 2, D): [√(1-g), √g] per q/k head (gated SPE)
+    shift: torch.Tensor | None = None  # (K, d) fp32 short-convolution weights (short_conv)
 
 
 @dataclass
@@ -105,7 +106,8 @@ def build_plan(model, codes, weights_dtype: torch.dtype = torch.float32) -> Step
     H, D, R = cfg.n_heads, cfg.d_head, cfg.n_realizations
     layers = [LayerPlan(_linear(b.attn.qkv, weights_dtype), _linear(b.attn.out, weights_dtype),
                         _linear(b.ff1, weights_dtype), _linear(b.ff2, weights_dtype),
-                        b.attn._scaled_omega().T.contiguous() if b.attn.favor else None) for b in model.blocks]
+                        b.attn._scaled_omega().T.contiguous() if b.attn.favor else None,
+                        shift=b.shift.detach().float() if b.shift is not None else None) for b in model.blocks]
     sine, code_buf = None, None
     if codes is not None:
         sine = [m.step_tables(c) if isinstance(m, SineSPE) else None for m, c in zip(model.spe, codes)]
@@ -178,9 +180,9 @@ def step(model, state: State, next_ids: torch.Tensor):
             _write_codes(model, state, t)
         x = model._embed(next_ids[:, None], t)[:, 0].float()
         for i, (blk, lp, S) in enumerate(zip(model.blocks, plan.layers, state.layers)):
-            if blk.shift is not None:  # the short convolution over the block's last K inputs
+            if lp.shift is not None:  # the short convolution over the block's last K inputs
                 hist = state.histories[i]
-                shifted = x + torch.einsum("bkd,kd->bd", hist, blk.shift.float())
+                shifted = x + torch.einsum("bkd,kd->bd", hist, lp.shift)
                 state.histories[i] = torch.cat((x[:, None], hist[:, :-1]), 1)
                 x = shifted
             o = _attention(model.cfg, lp, plan, blk.ln1(x), S)

@@ -203,12 +203,12 @@ def sample(model: Performer, tokenizer: REMITokenizer, *, num: int = 1, length: 
     # any order (real songs 1.87), H1 2.29 vs 2.59 (real 2.11)
     grammar = REMIGrammar(tokenizer, strict_order=model.cfg.short_conv > 0)
     forced = chord_ids(tokenizer, chords) if chords else None
-    tones = chord_tones(tokenizer, chords) * chord_strength if chords and chord_strength else None
     meter_id, tempo_id = opening_tokens(tokenizer, meter, tempo)
     tempo_lo, tempo_hi = tokenizer.range("Tempo")
     model.eval()
     model.resample(seed)
     device = next(model.parameters()).device
+    tones = (chord_tones(tokenizer, chords) * chord_strength).to(device) if chords and chord_strength else None
     gen = torch.Generator(device="cpu").manual_seed(seed)
 
     if prompt is None:
@@ -269,7 +269,7 @@ def sample(model: Performer, tokenizer: REMITokenizer, *, num: int = 1, length: 
             if tones is not None:  # pitches of the bar's chord are favoured
                 for b in range(num):
                     if not done[b] and states[b].last == PROGRAM:
-                        logits[b] += tones[(bars_started[b] - 1) % len(forced)].to(device)
+                        logits[b] += tones[(bars_started[b] - 1) % len(forced)]
             masked = logits.masked_fill(~torch.from_numpy(masks).to(device), float("-inf"))
             probs = torch.softmax(filter_logits(masked, options), dim=-1).cpu()
             nxt = torch.multinomial(probs, 1, generator=gen).squeeze(1)
