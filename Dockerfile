@@ -1,6 +1,10 @@
 # spemusic: a slim CPU image with the shipped models.
 #   docker build -t spemusic .
 #   docker run --rm -v "$PWD:/work" spemusic generate --length 4096 -o song.mid
+#   docker run --rm -v "$PWD:/work" spemusic generate --bars 16 --audio -o song.mid
+# Audio (render, --audio) uses the General MIDI SoundFont that pretty_midi ships, TimGM6mb
+# (Tim Brechbill, GPL-2.0, 6 MB): it is inside the image already. For a fuller one, mount it and
+# point SPEMUSIC_SOUNDFONT at it: -v /usr/share/sounds/sf2:/sf2 -e SPEMUSIC_SOUNDFONT=/sf2/FluidR3_GM.sf2
 # Builder: a virtual environment with CPU-only torch first, then spemusic and its dependencies.
 FROM debian:bookworm-slim AS builder
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu

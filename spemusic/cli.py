@@ -245,6 +245,41 @@ def show(
                   "drew", overwrite)
 
 
+@app.command("render")
+def render_(
+    inputs: List[Path] = typer.Argument(..., help="MIDI files or folders (searched recursively)."),
+    output: Optional[str] = typer.Option(None, "-o", "--output", help="Output .wav, .flac, .ogg or .mp3, or a folder "
+                                          "(for several inputs, or a name ending in /). \\[default: the input's name "
+                                          "with .wav, next to it]"),
+    soundfont: Optional[Path] = typer.Option(None, "--soundfont", help="General MIDI SoundFont (.sf2) \\[default: "
+                                             "$SPEMUSIC_SOUNDFONT, then /usr/share/sounds/sf2/ and the like, then "
+                                             "pretty_midi's small TimGM6mb]"),
+    sample_rate: int = typer.Option(44100, "--sample-rate", min=8000, max=192000, help="Samples per second."),
+    fmt: str = typer.Option("wav", "--format", help="wav, flac, ogg or mp3, for folders (a file's -o suffix decides)."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace existing output files."),
+):
+    """Render MIDI files to audio with a General MIDI SoundFont (stereo, peak at -1 dBFS).
+
+    Examples:
+
+    spemusic render generated.mid
+
+    spemusic render song.mid -o song.flac --soundfont ~/sf2/MuseScore_General.sf2
+
+    spemusic render sketches/ -o audio/ --format mp3
+    """
+    from .audio import AUDIO_FORMATS, find_soundfont, render_file
+
+    suffix = "." + fmt.lower().lstrip(".")
+    if suffix not in AUDIO_FORMATS:
+        raise SpemusicError(f"--format {fmt}: use {', '.join(s.lstrip('.') for s in AUDIO_FORMATS)}")
+    if output is not None and Path(output).suffix.lower() in AUDIO_FORMATS:
+        suffix = Path(output).suffix.lower()
+    font = find_soundfont(soundfont)
+    _convert_many(inputs, output, {".mid", ".midi"}, suffix,
+                  lambda src, dest: render_file(src, dest, font, sample_rate), f"rendered with {font.name}", overwrite)
+
+
 @app.command()
 def detokenize(
     inputs: List[Path] = typer.Argument(..., help="Token files (.txt, one token per line) or folders."),
@@ -564,18 +599,19 @@ def _run_sampling(model, tok, *, num, length, bars, prompt, options, seed, weigh
         return result
 
 
-def _report(rows, result, seed, as_json, midis, prompt_bar_count: int, only_continuation: bool, by_length: bool):
+def _report(rows, result, seed, as_json, midis, prompt_bar_count: int, only_continuation: bool, by_length: bool,
+            extras=None):
     """One line (or JSON object) per file written. rows: (path, new tokens kept, new bars). by_length:
     every piece sampled result.new_tokens tokens (--length), of which the unfinished last bar is dropped."""
     from .generate import midi_stats
 
     tps = result.new_tokens * len(rows) / max(result.wall_seconds, 1e-9)
-    for (path, new_tokens, new_bars), midi in zip(rows, midis):
+    for (path, new_tokens, new_bars), midi, written in zip(rows, midis, extras or [{}] * len(rows)):
         notes, seconds = midi_stats(midi)
         file_bars = new_bars if only_continuation else prompt_bar_count + new_bars
         record = {"file": str(path), "tokens": int(new_tokens), "bars": file_bars, "new_bars": new_bars,
                   "notes": notes, "music_seconds": round(seconds, 3), "wall_seconds": round(result.wall_seconds, 3),
-                  "tokens_per_s": round(tps, 1), "seed": seed}
+                  "tokens_per_s": round(tps, 1), "seed": seed, **written}
         if as_json:
             print(json.dumps(record), flush=True)
         else:
@@ -584,7 +620,7 @@ def _report(rows, result, seed, as_json, midis, prompt_bar_count: int, only_cont
             dropped = result.new_tokens - new_tokens if by_length else 0
             err.print(f"wrote {path}: {bars}, {notes} notes, {seconds:.1f} s of music, seed {seed} ({new_tokens} new "
                       f"tokens at {tps:,.0f} tok/s" + (f"; {dropped} tokens of an unfinished last bar dropped" if dropped > 0 else "")
-                      + ")", highlight=False)
+                      + ")" + "".join(f"; {name} {escape(p)}" for name, p in written.items()), highlight=False)
         if new_bars == 0 or notes == 0:
             err.print(f"[yellow]warning:[/] {escape(str(path))}: no new notes: {result.new_tokens} tokens did not "
                       "complete a bar with notes; give a larger --length, or --bars", highlight=False)
@@ -618,6 +654,8 @@ def generate(
                                        "the same pitch whole, on extra layer tracks (default: the later note ends "
                                        "the earlier one, as MIDI players do)."),
     png: bool = typer.Option(False, "--png", help="Also draw each piece's piano roll, OUT.png beside OUT.mid."),
+    audio: bool = typer.Option(False, "--audio", help="Also render each piece, OUT.wav beside OUT.mid (SoundFont: "
+                               "$SPEMUSIC_SOUNDFONT, or as `spemusic render` finds one)."),
     threads: Optional[int] = typer.Option(None, "--threads", help=THREADS_HELP + "1 for up to 2 pieces (a "
                                           "recurrent step is too small to share), else all cores]"),
 ):
@@ -638,7 +676,7 @@ def generate(
     progression = parse_chords(chords) if chords is not None else None
     _generate_or_continue(model, None, None, length, bars, num, temperature, top_p, top_k, seed, output, overwrite,
                           device, precision, as_json, False, chords=progression, keep_overlaps=keep_overlaps, png=png,
-                          meter=meter, tempo=tempo, threads=threads, chord_strength=chord_strength)
+                          meter=meter, tempo=tempo, threads=threads, chord_strength=chord_strength, audio=audio)
 
 
 @app.command("continue")
@@ -672,6 +710,8 @@ def continue_(
                                        "the same pitch whole, on extra layer tracks (default: the later note ends "
                                        "the earlier one, as MIDI players do)."),
     png: bool = typer.Option(False, "--png", help="Also draw each piece's piano roll, OUT.png beside OUT.mid."),
+    audio: bool = typer.Option(False, "--audio", help="Also render each piece, OUT.wav beside OUT.mid (SoundFont: "
+                               "$SPEMUSIC_SOUNDFONT, or as `spemusic render` finds one)."),
     threads: Optional[int] = typer.Option(None, "--threads", help=THREADS_HELP + "1 for up to 2 pieces (a "
                                           "recurrent step is too small to share), else all cores]"),
 ):
@@ -693,12 +733,14 @@ def continue_(
     output = output or Path(f"{prompt.with_suffix('').name}-continued.mid")
     _generate_or_continue(model, prompt, prompt_bars, length, bars, num, temperature, top_p, top_k, seed, output,
                           overwrite, device, precision, as_json, only_continuation, beats=beats, chords=progression,
-                          keep_overlaps=keep_overlaps, png=png, threads=threads, chord_strength=chord_strength)
+                          keep_overlaps=keep_overlaps, png=png, threads=threads, chord_strength=chord_strength,
+                          audio=audio)
 
 
 def _generate_or_continue(model_name, prompt_path, prompt_bars, length, bars, num, temperature, top_p, top_k, seed,
                           output, overwrite, device, precision, as_json, only_continuation, beats=None, chords=None,
-                          keep_overlaps=False, png=False, meter=None, tempo=None, threads=None, chord_strength=0.0):
+                          keep_overlaps=False, png=False, meter=None, tempo=None, threads=None, chord_strength=0.0,
+                          audio=False):
     import torch
 
     from .checkpoint import load_model
@@ -731,6 +773,14 @@ def _generate_or_continue(model_name, prompt_path, prompt_bars, length, bars, nu
         require_matplotlib()  # refused before any work when it is missing
         for p in paths:
             check_output_file(p.with_suffix(".png"), overwrite, "--png")
+    soundfont = None
+    if audio:
+        from .audio import find_soundfont
+        from .files import check_output_file
+
+        soundfont = find_soundfont()  # refused before any work when there is none
+        for p in paths:
+            check_output_file(p.with_suffix(".wav"), overwrite, "--audio")
     # one recurrent step is a chain of small matrix-vector products: a second thread only adds
     # synchronisation (measured 4x slower on a busy 2-core machine)
     _set_threads(threads, 1 if num <= 2 and device == "cpu" else None)
@@ -771,23 +821,32 @@ def _generate_or_continue(model_name, prompt_path, prompt_bars, length, bars, nu
     if empty:  # nothing is written: an empty MIDI file is no piece
         raise SpemusicError(f"{len(empty)} of {len(paths)} pieces hold no note ({result.new_tokens} tokens did not "
                             f"complete a bar with notes): nothing written; give a larger --length, or --bars")
-    midis, rows = [], []
+    midis, rows, extras = [], [], []
     for path, ids, midi in zip(paths, result.ids, pieces):
         data = midi_bytes(midi)
         write_output(data, path)
-        if png:
+        written = {}
+        if png or audio:
             import symusic
 
+            score = symusic.Score.from_midi(data)
+        if png:
             from .pianoroll import render
 
             title = f"{path.name} ({model_name or 'pop-piano'}, seed {seed})"
-            try:
-                write_output(render(symusic.Score.from_midi(data), ".png", title=title), path.with_suffix(".png"))
-            except SpemusicError as e:  # a piece without notes (warned about below) has no roll
-                err.print(f"[yellow]note:[/] no piano roll for {escape(str(path))}: {escape(str(e))}", highlight=False)
+            write_output(render(score, ".png", title=title), path.with_suffix(".png"))
+            written["png"] = str(path.with_suffix(".png"))
+        if audio:
+            from .audio import SAMPLE_RATE, render, write_audio
+
+            wav = path.with_suffix(".wav")
+            write_output(write_audio(render(score, soundfont), wav, SAMPLE_RATE), wav)
+            written["audio"] = str(wav)
         midis.append(midi)
+        extras.append(written)
         rows.append((path, len(ids) - prompt_len - 1, count_bars(ids, tok) - prompt_bar_count))  # - EOS
-    _report(rows, result, seed, as_json, midis, prompt_bar_count, only_continuation, by_length=bars is None)
+    _report(rows, result, seed, as_json, midis, prompt_bar_count, only_continuation, by_length=bars is None,
+            extras=extras)
     if result.interrupted:
         err.print("interrupted: wrote the music generated so far")
         raise typer.Exit(INTERRUPTED_AND_SAID)

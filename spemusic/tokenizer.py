@@ -243,6 +243,18 @@ def _gm_names() -> list[str]:
         return [f"Program {p}" for p in range(128)]
 
 
+def _truncation(data: bytes) -> str:
+    """Why a Standard MIDI File is cut short, or "" if its chunks fit: a chunk that declares
+    more bytes than remain. symusic 0.5 reads such files leniently, as if the rest were silence."""
+    pos = 0
+    while pos + 8 <= len(data):
+        kind, length = data[pos:pos + 4], int.from_bytes(data[pos + 4:pos + 8], "big")
+        if pos + 8 + length > len(data):
+            return f"truncated: a {kind.decode('latin-1')!r} chunk declares {length:,} bytes, {len(data) - pos - 8:,} remain"
+        pos += 8 + length
+    return "" if pos >= 14 else "truncated header"
+
+
 def _one_line(msg: str, limit: int = 160) -> str:
     msg = " ".join(str(msg).split())
     for junk in ("MiniMidi: ", ": iostream error"):
@@ -436,6 +448,9 @@ class REMITokenizer:
             if data.startswith(b"RIFF"):
                 raise MidiError(f"{name}: RIFF MIDI files are not supported (bad header)")
             raise MidiError(f"{name}: not a MIDI file (bad header)")
+        problem = _truncation(data)
+        if problem:
+            raise MidiError(f"{name}: corrupt MIDI file ({problem})")
         try:
             return symusic.Score.from_midi(data)
         except Exception as e:  # symusic raises RuntimeError/ValueError with a C++ message
