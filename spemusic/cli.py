@@ -852,6 +852,124 @@ def _generate_or_continue(model_name, prompt_path, prompt_bars, length, bars, nu
         raise typer.Exit(INTERRUPTED_AND_SAID)
 
 
+# ----------------------------------------------------------------------------- play
+
+@app.command()
+def play(
+    model: Optional[str] = typer.Option(None, "--model", "-m", help="Model name or checkpoint path "
+                                        "\\[default: groove for a drums-only prompt, else pop-piano]."),
+    prompt: Optional[Path] = typer.Option(None, "--prompt", help="MIDI file to continue (it is not played)."),
+    bars: Optional[int] = typer.Option(None, "--bars", help="Bars to play \\[default: no end; Ctrl-C stops at the "
+                                       "end of a bar]"),
+    temperature: float = typer.Option(1.0, help="Softmax temperature (> 0)."),
+    top_p: float = typer.Option(0.95, "--top-p", help="Nucleus sampling mass in (0, 1]; 1 turns it off."),
+    seed: Optional[int] = typer.Option(None, help="Random seed \\[default: a new one, printed]"),
+    port: Optional[str] = typer.Option(None, "--port", help="Send MIDI to this output port (mido with python-rtmidi)."),
+    to_stdout: bool = typer.Option(False, "--stdout", help="Write raw audio to stdout: 16-bit stereo at 44.1 kHz, "
+                                   "for `| aplay -f cd`."),
+    midi_to_stdout: bool = typer.Option(False, "--stdout-midi", help="Write raw MIDI messages to stdout, each when due."),
+    record: Optional[Path] = typer.Option(None, "--record", help="Also keep what was played in this .mid file."),
+    soundfont: Optional[Path] = typer.Option(None, "--soundfont", help="SoundFont for audio (as `render` finds one)."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing --record file."),
+    threads: Optional[int] = typer.Option(None, "--threads", help=THREADS_HELP + "1]"),
+):
+    """Play without end, live: bars sampled on the recurrent path, sent out paced to real time.
+
+    Without --port or --stdout it plays on the sound card (sounddevice). The margin printed is
+    the seconds of music sampled per second of sampling: above 1, sampling keeps ahead.
+
+    Examples:
+
+    spemusic play --bars 32
+
+    spemusic play --stdout | aplay -f cd
+
+    spemusic play --model groove --port "FLUID Synth" --record jam.mid
+
+    spemusic play --prompt song.mid --seed 7 --stdout > live.raw
+    """
+    from .audio import find_soundfont
+    from .checkpoint import load_model
+    from .files import check_output_file, write_output
+    from .generate import load_prompt, midi_bytes
+    from .play import Player, SoundCard, open_midi_port, play as play_bars, require_mido, stdout_audio, stdout_midi
+    from .sampling import SamplingOptions
+    from .tokenizer import REMITokenizer
+
+    if bars is not None and bars < 1:
+        raise SpemusicError(f"--bars must be at least 1 (got {bars})")
+    if seed is not None and not 0 <= seed < 2**63:
+        raise SpemusicError(f"--seed must be between 0 and 2^63 - 1 (got {seed})")
+    if to_stdout and midi_to_stdout:
+        raise SpemusicError("--stdout and --stdout-midi both write to stdout: give one")
+    if (to_stdout or midi_to_stdout) and sys.stdout.isatty():
+        raise SpemusicError("stdout is a terminal: pipe it (| aplay -f cd) or redirect it (> live.raw)")
+    options = SamplingOptions(temperature=temperature, top_p=top_p)
+    options.check()
+    if record is not None:
+        if record.suffix.lower() not in (".mid", ".midi"):
+            raise SpemusicError(f"--record {record}: give a .mid file")
+        check_output_file(record, overwrite, "--record")
+    if seed is None:
+        import secrets
+
+        seed = secrets.randbelow(2**31)
+    _set_threads(threads, 1)  # one recurrent step is too small to share between threads
+    if midi_to_stdout:
+        require_mido()
+    midi_out = open_midi_port(port) if port is not None else (stdout_midi if midi_to_stdout else None)
+    audio_out, font = None, None
+    if to_stdout or (port is None and not midi_to_stdout):
+        font = find_soundfont(soundfont)
+        audio_out = stdout_audio if to_stdout else SoundCard(44100)
+    prompt_ids = None
+    if prompt is not None:
+        loaded = load_prompt(prompt, REMITokenizer())
+        model = model or ("groove" if loaded.only_drums else "pop-piano")
+    net, tok = load_model(model or "pop-piano")
+    _say_which_checkpoint(model)
+    if prompt is not None:
+        prompt_ids = load_prompt(prompt, tok).ids
+    player = Player(midi_out=midi_out, audio_out=audio_out, soundfont=font)
+    outputs = ", ".join(x for x in (port and f"MIDI port {port}", midi_to_stdout and "MIDI on stdout",
+                                    to_stdout and f"audio on stdout ({font.name})",
+                                    audio_out is not None and not to_stdout and f"the sound card ({font.name})") if x)
+    err.print(f"playing {model or 'pop-piano'}, seed {seed}, to {outputs}; Ctrl-C stops at the end of a bar",
+              highlight=False)
+    stop = threading.Event()
+
+    def on_sigint(signum, frame):  # the first Ctrl-C ends the music at the end of its bar; a second, at once
+        stop.set()
+        signal.signal(signal.SIGINT, previous)
+
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    with _progress(TextColumn("[bold]playing"), TextColumn("{task.fields[status]}"), TimeElapsedColumn()) as progress:
+        task = progress.add_task("playing", status="sampling the first bar")
+
+        def on_bar(r):
+            progress.update(task, status=f"bar {len(player.bar_ends)}, {r.sampled_seconds:.0f} s sampled, margin "
+                                         f"{r.margin:.1f}x")
+
+        try:
+            result = play_bars(net, tok, player, prompt=prompt_ids, options=options, seed=seed, bars=bars,
+                               should_stop=stop.is_set, record=record is not None, on_bar=on_bar)
+        except BrokenPipeError:  # the reader (aplay, head) went away: as a stop
+            raise SpemusicError("stdout closed by its reader: stopped") from None
+        finally:
+            signal.signal(signal.SIGINT, previous)
+            if isinstance(audio_out, SoundCard):
+                audio_out.close()
+    minutes, secs = divmod(result.music_seconds, 60)
+    err.print(f"played {result.bars} bar{'s' * (result.bars != 1)}, {int(minutes)}:{secs:04.1f} of music, seed {seed}; "
+              f"sampling margin {result.margin:.1f}x real time ({result.sampled_seconds:.1f} s of music sampled in "
+              f"{result.sampling_seconds:.1f} s)" + (f"; the music waited for the sampler {result.underruns} times, "
+                                                    f"{result.late_seconds:.1f} s in all" if result.underruns else ""),
+              highlight=False)
+    if record is not None and result.tokens:
+        write_output(midi_bytes(tok.decode([tok.bos_id, *result.tokens, tok.eos_id])), record)
+        err.print(f"recorded {record}", highlight=False)
+
+
 # ----------------------------------------------------------------------------- models
 
 @app.command()

@@ -309,3 +309,55 @@ def sample(model: Performer, tokenizer: REMITokenizer, *, num: int = 1, length: 
     out = [canonical(finish_sequence(s, tokenizer, grammar, keep=len(prompt), last_bar_complete=complete and d),
                      tokenizer) for s, d in zip(seqs, done)]
     return SampleResult(out, n, wall, interrupted)
+
+
+@torch.inference_mode()
+def stream_bars(model: Performer, tokenizer: REMITokenizer, *, prompt: np.ndarray | None = None,
+                options: SamplingOptions | None = None, seed: int = 0, weights_dtype: torch.dtype | None = None,
+                should_stop=None, on_token=None):
+    """Sample one piece bar after bar, without end: yields each complete bar's tokens (from its
+    Bar token on) as soon as the next Bar is sampled. Memory stays flat: only the recurrent state
+    and the bar in progress are kept. `should_stop()` is asked after every token; when it answers
+    True the bar in progress is dropped and the stream ends. `on_token()` is called after every
+    token (the player sends its due events there). The rules of `sample` hold: strict note order
+    with a short convolution, and from scratch the opening meter is the most likely one and the
+    first bar holds a note."""
+    options = options or SamplingOptions()
+    options.check()
+    grammar = REMIGrammar(tokenizer, strict_order=model.cfg.short_conv > 0)
+    model.eval()
+    model.resample(seed)
+    device = next(model.parameters()).device
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    prompt = np.asarray([tokenizer.bos_id] if prompt is None else prompt, dtype=np.int64)
+    st = GrammarState()
+    for t in prompt:
+        grammar.advance(st, int(t))
+    from_scratch = len(prompt) == 1
+    logits, state = model.prime(torch.from_numpy(prompt[None]).to(device),
+                                weights_dtype=weights_dtype or auto_step_dtype(device, 1))
+    logits = logits[:, -1]
+    bar: list[int] = []
+    while True:
+        if not from_scratch and not bar:  # continuing a prompt starts a new bar
+            mask = np.zeros(len(tokenizer), dtype=bool)
+            mask[tokenizer.bar_id] = True
+        else:
+            opening = from_scratch and st.bars == 1 and st.last in (BAR, TIMESIG)
+            mask = grammar.allowed(st, allow_eos=False, allow_bar=not opening)
+        masked = logits.float().masked_fill(~torch.from_numpy(mask).to(device), float("-inf"))
+        if from_scratch and st.last == BAR and st.bars == 1:
+            nxt = int(masked[0].argmax())  # the opening meter: the most likely, as in `sample`
+        else:
+            probs = torch.softmax(filter_logits(masked, options), dim=-1).cpu()
+            nxt = int(torch.multinomial(probs, 1, generator=gen)[0, 0])
+        if nxt == tokenizer.bar_id and bar:
+            yield bar
+            bar = []
+        bar.append(nxt)
+        grammar.advance(st, nxt)
+        if on_token is not None:
+            on_token()
+        if should_stop is not None and should_stop():
+            return
+        logits, state = model.step(state, torch.tensor([nxt], device=device))
