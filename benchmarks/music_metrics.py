@@ -17,7 +17,7 @@
 
     python benchmarks/music_metrics.py [--pieces 32] [--length 2048] [--prompts 64] [--bars 16] [--per-prompt 4]
                                        [--only pop-piano|groove] [--groove-model NAME_OR_PATH]
-                                       [--pop-model NAME_OR_PATH] [--top-p P] [--temperature T] [--chords 'C G Am F']
+                                       [--pop-model NAME_OR_PATH] [--top-p P] [--bar-top-p P] [--temperature T] [--chords 'C G Am F']
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import numpy as np
 from spemusic.checkpoint import load_model
 from spemusic.data import open_dataset
 from spemusic.metrics import continuation_similarity, summary
-from spemusic.cli import CHORD_STRENGTH
+from spemusic.cli import BAR_TOP_P, CHORD_STRENGTH, TOP_P
 from spemusic.sampling import SamplingOptions, sample
 
 DATA = Path(__file__).resolve().parents[1] / ".." / "shared" / "data"
@@ -65,11 +65,12 @@ def main() -> None:
     ap.add_argument("--pop-model", default="pop-piano")
     ap.add_argument("--groove-model", default="groove")
     ap.add_argument("--chords", default="C G Am F", help="progression for the --chords check (one per bar)")
-    ap.add_argument("--top-p", type=float, default=0.95)
+    ap.add_argument("--top-p", type=float, default=TOP_P)
+    ap.add_argument("--bar-top-p", type=float, default=BAR_TOP_P)
     ap.add_argument("--temperature", type=float, default=1.0)
     ap.add_argument("--out", default="benchmarks/results/music_metrics.json")
     args = ap.parse_args()
-    opts = SamplingOptions(temperature=args.temperature, top_p=args.top_p)
+    opts = SamplingOptions(temperature=args.temperature, top_p=args.top_p, bar_top_p=args.bar_top_p)
     results = {}
     if args.only != "groove":
         results["pop-piano"] = pop_piano(args, opts)
@@ -152,7 +153,7 @@ def pop_piano(args, opts) -> dict:
     gen_m, cont_m, real_m = mean_metrics(generated, tok), mean_metrics(continued, tok), mean_metrics(real, tok)
     print(f"pop-piano ({args.pop_model}): {len(generated)} pieces of {args.length} tokens from scratch and "
           f"{len(continued)} continuations of 4-bar prompts (POP909 valid) up to {args.length} tokens "
-          f"({wall:.0f} s), top-p {opts.top_p}, temperature {opts.temperature}; real: {len(real)} POP909 valid "
+          f"({wall:.0f} s), top-p {opts.top_p}, bar top-p {opts.bar_top_p}, temperature {opts.temperature}; real: {len(real)} POP909 valid "
           f"songs{' re-barred by their beat annotations' if annotated else ''}, first {args.length} tokens")
     print_table("\nfrom scratch", {"generated": gen_m, "real": real_m})
     print_table("\ncontinuations (new bars only)", {"continued": cont_m, "real": real_m})
@@ -160,7 +161,7 @@ def pop_piano(args, opts) -> dict:
     tracks = [len(tok.decode(s).instruments) for s in generated + continued]
     print(f"\ntracks per generated file: {np.mean(tracks):.2f} (max {max(tracks)})")
     result = {"model": str(args.pop_model), "generated": gen_m, "continued": cont_m, "real": real_m,
-              "tracks_max": int(max(tracks)), "top_p": opts.top_p, "temperature": opts.temperature}
+              "tracks_max": int(max(tracks)), "top_p": opts.top_p, "bar_top_p": opts.bar_top_p, "temperature": opts.temperature}
     if annotated:
         hits = counted = 0
         for s in real:

@@ -87,6 +87,14 @@ def _set_threads(threads: Optional[int], default: Optional[int] = None) -> None:
 
 # the chord-tone bias of --chords (sampling.chord_tones): the models alone follow chord tokens weakly
 CHORD_STRENGTH = 2.0
+# sampling defaults, chosen by benchmarks/music_metrics.py: pure sampling of the notes (a nucleus
+# stacked notes at an onset and left holes), and a nucleus at the bar line, where a meter change
+# sampled from the tail would hold for many bars
+TOP_P = 1.0
+BAR_TOP_P = 0.8
+TOP_P_HELP = "Nucleus sampling mass in (0, 1]; 1 turns it off."
+BAR_TOP_P_HELP = ("Nucleus mass at each bar line, where the model picks whether the meter changes and where the "
+                  "bar's first note falls: 0.8 keeps the meter unless the model is sure of a change.")
 INTERRUPTED_AND_SAID = 1130  # exit code 130, after a command's own message about the interruption
 MAX_PIECES = 256  # pieces sampled in one batch (each holds its own state, grammar and sequence)
 THREADS_HELP = "CPU threads \\[default: OMP_NUM_THREADS when set, else "
@@ -633,7 +641,8 @@ def generate(
     bars: Optional[int] = typer.Option(None, "--bars", help="Bars to sample (instead of --length)."),
     num: int = typer.Option(1, "--num", help="Pieces, sampled together in one batch."),
     temperature: float = typer.Option(1.0, help="Softmax temperature (> 0)."),
-    top_p: float = typer.Option(0.95, "--top-p", help="Nucleus sampling mass in (0, 1]; 1 turns it off."),
+    top_p: float = typer.Option(TOP_P, "--top-p", help=TOP_P_HELP),
+    bar_top_p: float = typer.Option(BAR_TOP_P, "--bar-top-p", help=BAR_TOP_P_HELP),
     top_k: int = typer.Option(0, "--top-k", help="Keep the K most likely tokens; 0 turns it off."),
     seed: Optional[int] = typer.Option(None, help="Random seed: same seed, options and model give the same file. "
                                        "\\[default: a new one, printed]"),
@@ -676,7 +685,8 @@ def generate(
     progression = parse_chords(chords) if chords is not None else None
     _generate_or_continue(model, None, None, length, bars, num, temperature, top_p, top_k, seed, output, overwrite,
                           device, precision, as_json, False, chords=progression, keep_overlaps=keep_overlaps, png=png,
-                          meter=meter, tempo=tempo, threads=threads, chord_strength=chord_strength, audio=audio)
+                          meter=meter, tempo=tempo, threads=threads, chord_strength=chord_strength, audio=audio,
+                          bar_top_p=bar_top_p)
 
 
 @app.command("continue")
@@ -689,7 +699,8 @@ def continue_(
     bars: Optional[int] = typer.Option(None, "--bars", help="Bars to add (instead of --length)."),
     num: int = typer.Option(1, "--num", help="Continuations, sampled together in one batch."),
     temperature: float = typer.Option(1.0, help="Softmax temperature (> 0)."),
-    top_p: float = typer.Option(0.95, "--top-p", help="Nucleus sampling mass in (0, 1]; 1 turns it off."),
+    top_p: float = typer.Option(TOP_P, "--top-p", help=TOP_P_HELP),
+    bar_top_p: float = typer.Option(BAR_TOP_P, "--bar-top-p", help=BAR_TOP_P_HELP),
     top_k: int = typer.Option(0, "--top-k", help="Keep the K most likely tokens; 0 turns it off."),
     seed: Optional[int] = typer.Option(None, help="Random seed: same seed, options and model give the same file. "
                                        "\\[default: a new one, printed]"),
@@ -734,13 +745,13 @@ def continue_(
     _generate_or_continue(model, prompt, prompt_bars, length, bars, num, temperature, top_p, top_k, seed, output,
                           overwrite, device, precision, as_json, only_continuation, beats=beats, chords=progression,
                           keep_overlaps=keep_overlaps, png=png, threads=threads, chord_strength=chord_strength,
-                          audio=audio)
+                          audio=audio, bar_top_p=bar_top_p)
 
 
 def _generate_or_continue(model_name, prompt_path, prompt_bars, length, bars, num, temperature, top_p, top_k, seed,
                           output, overwrite, device, precision, as_json, only_continuation, beats=None, chords=None,
                           keep_overlaps=False, png=False, meter=None, tempo=None, threads=None, chord_strength=0.0,
-                          audio=False):
+                          audio=False, bar_top_p=1.0):
     import torch
 
     from .checkpoint import load_model
@@ -759,7 +770,7 @@ def _generate_or_continue(model_name, prompt_path, prompt_bars, length, bars, nu
         import secrets
 
         seed = secrets.randbelow(2**31)
-    options = SamplingOptions(temperature=temperature, top_k=top_k, top_p=top_p)
+    options = SamplingOptions(temperature=temperature, top_k=top_k, top_p=top_p, bar_top_p=bar_top_p)
     options.check()
     if device not in ("cpu",) and not device.startswith("cuda"):
         raise SpemusicError(f"--device must be cpu or cuda (got {device!r})")
@@ -862,7 +873,8 @@ def play(
     bars: Optional[int] = typer.Option(None, "--bars", help="Bars to play \\[default: no end; Ctrl-C stops at the "
                                        "end of a bar]"),
     temperature: float = typer.Option(1.0, help="Softmax temperature (> 0)."),
-    top_p: float = typer.Option(0.95, "--top-p", help="Nucleus sampling mass in (0, 1]; 1 turns it off."),
+    top_p: float = typer.Option(TOP_P, "--top-p", help=TOP_P_HELP),
+    bar_top_p: float = typer.Option(BAR_TOP_P, "--bar-top-p", help=BAR_TOP_P_HELP),
     seed: Optional[int] = typer.Option(None, help="Random seed \\[default: a new one, printed]"),
     port: Optional[str] = typer.Option(None, "--port", help="Send MIDI to this output port (mido with python-rtmidi)."),
     to_stdout: bool = typer.Option(False, "--stdout", help="Write raw audio to stdout: 16-bit stereo at 44.1 kHz, "
@@ -904,7 +916,7 @@ def play(
         raise SpemusicError("--stdout and --stdout-midi both write to stdout: give one")
     if (to_stdout or midi_to_stdout) and sys.stdout.isatty():
         raise SpemusicError("stdout is a terminal: pipe it (| aplay -f cd) or redirect it (> live.raw)")
-    options = SamplingOptions(temperature=temperature, top_p=top_p)
+    options = SamplingOptions(temperature=temperature, top_p=top_p, bar_top_p=bar_top_p)
     options.check()
     if record is not None:
         if record.suffix.lower() not in (".mid", ".midi"):

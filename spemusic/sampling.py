@@ -23,6 +23,7 @@ class SamplingOptions:
     temperature: float = 1.0
     top_k: int = 0          # 0: off
     top_p: float = 1.0      # 1.0: off
+    bar_top_p: float = 1.0  # the nucleus right after each Bar token (meter change, first onset); 1.0: off
 
     def check(self) -> None:
         if not (1e-3 <= self.temperature <= 1e3):  # (NaN fails too) beyond: one-hot or uniform in float32
@@ -31,6 +32,8 @@ class SamplingOptions:
             raise SpemusicError(f"--top-k must be 0 (off) or a positive number (got {self.top_k})")
         if not (0 < self.top_p <= 1):
             raise SpemusicError(f"--top-p must be in (0, 1] (got {self.top_p})")
+        if not (0 < self.bar_top_p <= 1):
+            raise SpemusicError(f"--bar-top-p must be in (0, 1] (got {self.bar_top_p})")
 
 
 def check_length_bars(length: int | None, bars: int | None) -> None:
@@ -44,10 +47,17 @@ def check_length_bars(length: int | None, bars: int | None) -> None:
         raise SpemusicError(f"--bars must be at least 1 (got {bars})")
 
 
-def filter_logits(logits: torch.Tensor, opts: SamplingOptions) -> torch.Tensor:
+def filter_logits(logits: torch.Tensor, opts: SamplingOptions, at_bar: torch.Tensor | None = None) -> torch.Tensor:
     """Temperature, then top-k, then nucleus (top-p) on B×V logits (masked tokens are -inf).
     Top-p keeps the smallest set of most likely tokens whose mass reaches p; the most likely token
-    is always kept, and ties at the cut are broken by sort order (deterministic)."""
+    is always kept, and ties at the cut are broken by sort order (deterministic). Rows where
+    `at_bar` (B bools) is true, the step right after a Bar token, take `bar_top_p` instead."""
+    if at_bar is not None and opts.bar_top_p != opts.top_p and bool(at_bar.any()):
+        from dataclasses import replace
+
+        at_bar = at_bar.to(logits.device)[:, None]
+        return torch.where(at_bar, filter_logits(logits, replace(opts, top_p=opts.bar_top_p)),
+                           filter_logits(logits, opts))
     logits = logits.float() / opts.temperature
     if opts.top_k > 0 and opts.top_k < logits.size(-1):
         kth = torch.topk(logits, opts.top_k, dim=-1).values[..., -1:]
@@ -271,7 +281,8 @@ def sample(model: Performer, tokenizer: REMITokenizer, *, num: int = 1, length: 
                     if not done[b] and states[b].last == PROGRAM:
                         logits[b] += tones[(bars_started[b] - 1) % len(forced)]
             masked = logits.masked_fill(~torch.from_numpy(masks).to(device), float("-inf"))
-            probs = torch.softmax(filter_logits(masked, options), dim=-1).cpu()
+            at_bar = torch.tensor([not done[b] and states[b].last == BAR for b in range(num)])
+            probs = torch.softmax(filter_logits(masked, options, at_bar), dim=-1).cpu()
             nxt = torch.multinomial(probs, 1, generator=gen).squeeze(1)
             if from_scratch:
                 # a piece from scratch opens on a full bar of the model's most likely meter, not on a
@@ -349,7 +360,7 @@ def stream_bars(model: Performer, tokenizer: REMITokenizer, *, prompt: np.ndarra
         if from_scratch and st.last == BAR and st.bars == 1:
             nxt = int(masked[0].argmax())  # the opening meter: the most likely, as in `sample`
         else:
-            probs = torch.softmax(filter_logits(masked, options), dim=-1).cpu()
+            probs = torch.softmax(filter_logits(masked, options, torch.tensor([st.last == BAR])), dim=-1).cpu()
             nxt = int(torch.multinomial(probs, 1, generator=gen)[0, 0])
         if nxt == tokenizer.bar_id and bar:
             yield bar

@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from spemusic.checkpoint import load_model
+from spemusic.errors import SpemusicError
 from spemusic.grammar import REMIGrammar
 from spemusic.sampling import SamplingOptions, filter_logits, sample
 
@@ -71,6 +72,15 @@ def test_top_p_and_top_k_filtering():
     masked[0, 0] = float("-inf")  # grammar-masked tokens never come back
     kept = torch.isfinite(filter_logits(masked, SamplingOptions(top_p=0.5)))
     assert kept.tolist() == [[False, True, False, False]]
+
+
+def test_bar_top_p_applies_right_after_a_bar_only():
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]] * 2))
+    opts = SamplingOptions(top_p=1.0, bar_top_p=0.5)
+    kept = torch.isfinite(filter_logits(logits, opts, at_bar=torch.tensor([True, False])))
+    assert kept.tolist() == [[True, False, False, False], [True, True, True, True]]
+    with pytest.raises(SpemusicError, match="--bar-top-p"):
+        SamplingOptions(bar_top_p=0).check()
 
 
 def test_generate_is_deterministic(run_cli, tiny_checkpoint, tmp_path):
