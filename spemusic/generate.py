@@ -115,11 +115,22 @@ def load_prompt(path: Path, tokenizer: REMITokenizer, prompt_bars: int | None = 
     ids = ids[:-1] if ids[-1] == tokenizer.eos_id else ids
     bar_idx = np.flatnonzero(ids == tokenizer.bar_id)
     starts = bar_start_beats(ids, tokenizer)
+    caveats = []
     if prompt_bars is not None:
         if prompt_bars < 1:
             raise SpemusicError(f"--prompt-bars must be at least 1 (got {prompt_bars})")
-        if prompt_bars > len(bar_idx):
-            raise SpemusicError(f"{path}: the prompt has {len(bar_idx)} bars; --prompt-bars asks for {prompt_bars}")
+        # leading empty bars (a silent intro, a pickup of rests) do not count: the prompt is the
+        # first N bars of music
+        lo, hi = tokenizer.range("Pitch")
+        first_note = int(np.flatnonzero((ids >= lo) & (ids < hi))[0])
+        skipped = int(np.searchsorted(bar_idx, first_note, side="right")) - 1
+        if prompt_bars > len(bar_idx) - skipped:
+            raise SpemusicError(f"{path}: the prompt has {len(bar_idx) - skipped} bars from its first note (bar "
+                                f"{skipped + 1}); --prompt-bars asks for {prompt_bars}")
+        if skipped:
+            caveats.append(f"its first {skipped} bar{'s' * (skipped != 1)} hold no note: --prompt-bars {prompt_bars} "
+                           f"takes bars {skipped + 1}-{skipped + prompt_bars}")
+        prompt_bars += skipped
     if prompt_bars is not None and prompt_bars < len(bar_idx):
         ids = ids[: bar_idx[prompt_bars]]
         end_beats = starts[prompt_bars]
@@ -138,7 +149,7 @@ def load_prompt(path: Path, tokenizer: REMITokenizer, prompt_bars: int | None = 
     if not any(i.notes for i in midi.instruments):
         raise MidiError(f"{path}: no notes in the prompt")
     prompt.only_drums = all(i.is_drum for i in midi.instruments if i.notes)
-    prompt.caveats = [] if beat_map is not None else _outside_vocabulary(midi, tokenizer)
+    prompt.caveats = caveats + ([] if beat_map is not None else _outside_vocabulary(midi, tokenizer))
     if beat_map is None and _one_beat_bars(prompt.ids, tokenizer):
         prompt.warnings.append("most of its bars are one beat long (1/4), as in POP909's files, so the model reads "
                                "no real bars; give its beat annotation with --beats FILE")

@@ -162,6 +162,21 @@ def test_continue_prompt_bars_and_only_continuation(run_cli, tiny_checkpoint, ex
     assert notes and min(n[3] for n in notes) < bar and not (notes & kept)
 
 
+def test_prompt_bars_count_from_the_first_note(run_cli, tiny_checkpoint, midi_factory, tmp_path):
+    bar = 4 * 480
+    late = midi_factory("intro.mid", [(0, False, 60 + i, (3 + i) * bar, (3 + i) * bar + 480, 80) for i in range(4)])
+    out = tmp_path / "cont.mid"
+    code, stdout, err = run_cli("continue", late, "--model", tiny_checkpoint, "--prompt-bars", 2, "--bars", 1,
+                                "--json", "-o", out)
+    assert code == 0, err
+    assert "its first 3 bars hold no note: --prompt-bars 2 takes bars 4-5" in " ".join(err.split())
+    assert json.loads(stdout)["bars"] == 3 + 2 + 1
+    assert {n[2] for n in _notes(late) if n[3] < 5 * bar} <= {n[2] for n in _notes(out)}
+    code, _, err = run_cli("continue", late, "--model", tiny_checkpoint, "--prompt-bars", 5, "--bars", 1, "-o",
+                           tmp_path / "more.mid")
+    assert code == 1 and "has 4 bars from its first note (bar 4)" in err
+
+
 def test_continue_picks_groove_for_drums(examples):
     from spemusic.generate import load_prompt
     from spemusic.tokenizer import REMITokenizer
