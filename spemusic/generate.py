@@ -108,10 +108,15 @@ def load_prompt(path: Path, tokenizer: REMITokenizer, prompt_bars: int | None = 
         ids, beat_map = tokenizer.encode_on_beats(path, beats)
     else:
         ids = tokenizer.encode(path)  # raises MidiError with the reason for corrupt/empty/note-less files
+    warnings = []
     try:
         midi = miditoolkit.MidiFile(str(path))
     except Exception as e:  # noqa: BLE001
-        raise MidiError(f"{path}: cannot read MIDI ({str(e).splitlines()[0][:100]})") from None
+        if "data byte must be in range" not in str(e):
+            raise MidiError(f"{path}: cannot read MIDI ({str(e).splitlines()[0][:100]})") from None
+        # one out-of-range byte (a controller value of 168, say) should not cost the whole song
+        midi = miditoolkit.MidiFile(str(path), clip=True)
+        warnings.append(_clipped_values(path))
     ids = ids[:-1] if ids[-1] == tokenizer.eos_id else ids
     bar_idx = np.flatnonzero(ids == tokenizer.bar_id)
     starts = bar_start_beats(ids, tokenizer)
@@ -144,7 +149,7 @@ def load_prompt(path: Path, tokenizer: REMITokenizer, prompt_bars: int | None = 
         end_tick = int(round(float(beat_map.tick_of(end_beats))))
         qpm = beat_map.qpm_per_beat()
         end_qpm = float(qpm[min(int(np.ceil(end_beats)) - 1, len(qpm) - 1)])
-    prompt = Prompt(midi, np.asarray(ids, dtype=np.int64), end_beats, False, [], end_tick, end_qpm)
+    prompt = Prompt(midi, np.asarray(ids, dtype=np.int64), end_beats, False, [], end_tick, end_qpm, warnings)
     _clip_midi(midi, prompt.cut_tick)
     if not any(i.notes for i in midi.instruments):
         raise MidiError(f"{path}: no notes in the prompt")
@@ -154,6 +159,22 @@ def load_prompt(path: Path, tokenizer: REMITokenizer, prompt_bars: int | None = 
         prompt.warnings.append("most of its bars are one beat long (1/4), as in POP909's files, so the model reads "
                                "no real bars; give its beat annotation with --beats FILE")
     return prompt
+
+
+def _clipped_values(path: Path) -> str:
+    """A plain sentence on the data bytes above 127 of a file (read leniently by symusic)."""
+    from .tokenizer import read_score
+
+    score = read_score(path)
+    bad = sorted((c.time, f"controller {c.number} value {c.value}") for t in score.tracks for c in t.controls
+                 if c.value > 127)
+    bad += sorted((n.time, f"note {n.pitch} velocity {n.velocity}") for t in score.tracks for n in t.notes
+                  if n.velocity > 127)
+    if not bad:
+        return "data bytes outside 0-127 clipped to 127"
+    tick, what = min(bad)
+    more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
+    return f"{what} outside 0-127, clipped to 127, at tick {tick}{more}"
 
 
 def _one_beat_bars(ids: np.ndarray, tokenizer: REMITokenizer) -> bool:

@@ -177,6 +177,22 @@ def test_prompt_bars_count_from_the_first_note(run_cli, tiny_checkpoint, midi_fa
     assert code == 1 and "has 4 bars from its first note (bar 4)" in err
 
 
+def test_an_out_of_range_controller_value_is_clipped_with_a_warning(run_cli, tiny_checkpoint, tmp_path):
+    import struct
+
+    track = bytes([0x00, 0xB0, 0x07, 0xA8,  # controller 7 = 168: a data byte above 127
+                   0x00, 0x90, 0x3C, 0x64, 0x83, 0x60, 0x80, 0x3C, 0x40,
+                   0x00, 0x90, 0x3E, 0x64, 0x83, 0x60, 0x80, 0x3E, 0x40, 0x00, 0xFF, 0x2F, 0x00])
+    odd = tmp_path / "odd.mid"
+    odd.write_bytes(b"MThd" + struct.pack(">IHHH", 6, 0, 1, 480) + b"MTrk" + struct.pack(">I", len(track)) + track)
+    with pytest.raises(Exception, match="data byte"):
+        miditoolkit.MidiFile(str(odd))  # a strict reader refuses the whole song
+    code, _, err = run_cli("continue", odd, "--model", tiny_checkpoint, "--bars", 1, "-o", tmp_path / "out.mid")
+    assert code == 0, err
+    assert "controller 7 value 168 outside 0-127, clipped to 127, at tick 0" in " ".join(err.split())
+    assert {60, 62} <= {n[2] for n in _notes(tmp_path / "out.mid")}
+
+
 def test_continue_picks_groove_for_drums(examples):
     from spemusic.generate import load_prompt
     from spemusic.tokenizer import REMITokenizer
