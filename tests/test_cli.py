@@ -224,7 +224,9 @@ def test_usage_errors_are_one_line(run_cli, args, message):
 
 def test_help_shows_defaults_and_takes_h(run_cli):
     code, out, _ = run_cli("train", "-h")
-    assert code == 0 and "[default: small]" in out and "[default: 1024]" in out
+    flat = " ".join(out.replace("│", " ").split())
+    assert code == 0 and "[default: small]" in flat and "[default: 1024]" in flat
+    assert all(f"─ {panel} ─" in out for panel in ("Model", "Data", "Optimisation", "Run"))  # options in panels
     code, out, _ = run_cli("continue", "--help")
     assert code == 0 and "PROMPT-continued.mid" in " ".join(out.split()).replace("│", "")
 
