@@ -600,8 +600,12 @@ def _run_sampling(model, tok, *, num, length, bars, prompt, options, seed, weigh
                             chords=chords, meter=meter, tempo=tempo, chord_strength=chord_strength)
         finally:
             signal.signal(signal.SIGINT, previous)
-        if task is not None:
-            progress.update(task, completed=result.new_tokens, total=total or result.new_tokens)
+        if task is not None:  # ends on the bars the files hold (the bar in progress was dropped or completed)
+            import numpy as np
+
+            prompt_bars = 0 if prompt is None else int(np.count_nonzero(np.asarray(prompt) == tok.bar_id))
+            kept = max(int(np.count_nonzero(ids == tok.bar_id)) for ids in result.ids) - prompt_bars
+            progress.update(task, completed=result.new_tokens, total=total or result.new_tokens, bars=kept)
         return result
 
 
@@ -1106,10 +1110,11 @@ def _eval_metrics(args: List[str], reference: Optional[Path], json_path: Optiona
     if reference is not None:
         ref_pairs, _ = _expand_inputs([reference], {".mid", ".midi"})
         columns["reference"] = collection_summary([p for p, _ in ref_pairs], tok)
+    sources = {"generated": ", ".join(map(str, args)), "reference": str(reference)}
     for name, (means, skipped) in columns.items():
-        if not means:
-            raise SpemusicError(f"{name}: no readable MIDI file ({len(skipped)} skipped; first: {skipped[0]})"
-                                if skipped else f"{name}: no MIDI file")
+        if not means:  # named by the user's own paths
+            raise SpemusicError(f"{sources[name]}: no readable MIDI file ({len(skipped)} skipped; first: {skipped[0]})"
+                                if skipped else f"{sources[name]}: no MIDI file")
         for reason in skipped:
             err.print(f"[yellow]skipped:[/] {escape(reason)}", highlight=False)
     table = Table(title="music metrics (means over files)")

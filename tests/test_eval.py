@@ -103,3 +103,12 @@ def test_metrics_command(run_cli, examples, tmp_path):
     assert "H1" in out and "GS" in out and "reference" in out
     data = json.loads((tmp_path / "m.json").read_text())
     assert data["generated"]["files"] == 1 and data["reference"]["files"] == 2
+
+
+def test_metrics_of_an_unreadable_folder_names_the_folder(run_cli, tmp_path):
+    bad = tmp_path / "mine"
+    bad.mkdir()
+    (bad / "junk.mid").write_bytes(b"not midi")
+    code, _, err = run_cli("eval", "--metrics", bad)
+    assert code == 1 and f"{bad}: no readable MIDI file (1 skipped" in " ".join(err.split()), err
+    assert "generated:" not in err
