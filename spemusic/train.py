@@ -273,6 +273,33 @@ def _warnings(cfg: TrainConfig, cache, has_valid: bool) -> list[str]:
     return out
 
 
+def lock_run_folder(run_dir: Path):
+    """One writer per run folder: an exclusive flock on RUN/.lock, released when the process ends
+    however it ends (two writers would interleave metrics.jsonl and overwrite each other's
+    checkpoints). Returns the open lock file, to keep for the run."""
+    import os
+
+    try:
+        import fcntl
+    except ImportError:  # not on POSIX: no lock
+        return None
+    run_dir.mkdir(parents=True, exist_ok=True)
+    fh = open(run_dir / ".lock", "a+")
+    try:
+        fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        fh.seek(0)
+        holder = fh.read().strip() or "another process"
+        fh.close()
+        raise SpemusicError(f"{run_dir}: another spemusic train ({holder}) is writing this run; stop it first, "
+                            "or give another -o") from None
+    fh.seek(0)
+    fh.truncate()
+    fh.write(f"pid {os.getpid()}")
+    fh.flush()
+    return fh
+
+
 def train(cfg: TrainConfig, run_dir: Path, resume: bool = False, stop_after: int | None = None,
           console=None, show_progress: bool = True) -> dict:
     """Train (or resume) a model into `run_dir`. Returns a summary dict."""
@@ -287,6 +314,7 @@ def train(cfg: TrainConfig, run_dir: Path, resume: bool = False, stop_after: int
         run_file = run_dir / "run.json"
         if not run_file.is_file():
             raise SpemusicError(f"{run_dir}: nothing to resume (not a training run: no run.json)")
+        lock = lock_run_folder(run_dir) if is_main else None  # noqa: F841  (held until train returns)
         if not (run_dir / "last").exists():
             raise SpemusicError(f"{run_dir}: nothing to resume (the run stopped before its first checkpoint); "
                                 "start it again: train … -o with the same folder")
@@ -408,7 +436,7 @@ def train(cfg: TrainConfig, run_dir: Path, resume: bool = False, stop_after: int
                         if line.strip() and json.loads(line)["step"] <= step]
                 metrics.write_text("".join(line + "\n" for line in kept))
     elif is_main:
-        run_dir.mkdir(parents=True, exist_ok=True)
+        lock = lock_run_folder(run_dir)  # noqa: F841  (held until train returns)
         (run_dir / "metrics.jsonl").unlink(missing_ok=True)
         (run_dir / "run.json").write_text(json.dumps(
             {"train": asdict(cfg), "model": model_cfg.to_dict(), "tokenizer": tok_cfg.to_dict(),

@@ -303,3 +303,28 @@ def test_non_finite_weights_are_refused(tiny_checkpoint, tmp_path):
     safetensors.torch.save_file(tensors, str(weights), metadata=meta)
     with pytest.raises(SpemusicError, match="not finite"):
         load_model(bad)
+
+
+def test_a_second_writer_of_a_run_folder_is_refused(run_cli, pop_cache, tmp_path):
+    import os
+
+    from spemusic.train import lock_run_folder
+
+    run = tmp_path / "run"
+    code, _, err = run_cli("train", pop_cache, "-o", run, "--preset", "tiny", "--seq-len", 64, "--batch-size", 2,
+                           "--steps", 2, "--stop-after", 1, "--val-every", 100)
+    assert code == 0, err
+    metrics = (run / "metrics.jsonl").read_bytes()
+    fresh = tmp_path / "fresh"
+    held = [lock_run_folder(run), lock_run_folder(fresh)]  # as other `spemusic train` processes would hold them
+    try:
+        for args in (["--resume", run], [pop_cache, "-o", fresh, "--preset", "tiny", "--seq-len", 64, "--steps", 2]):
+            code, _, err = run_cli("train", *args)
+            assert code == 1 and f"another spemusic train (pid {os.getpid()}) is writing this run" in err, err
+        assert (run / "metrics.jsonl").read_bytes() == metrics  # nothing touched
+        assert not (fresh / "run.json").exists()
+    finally:
+        for h in held:
+            h.close()
+    code, _, err = run_cli("train", "--resume", run)  # the lock goes with its holder
+    assert code == 0 and "done: step 2/2" in err, err
