@@ -11,6 +11,7 @@ import pytest
 import symusic
 
 from spemusic.errors import MidiError
+from spemusic.grammar import REMIGrammar
 from spemusic.tokenizer import REMITokenizer, TokenError, TokenizerConfig
 
 TOK = REMITokenizer()
@@ -116,12 +117,17 @@ def in_force(ev_steps, ev_vals, default, steps):
     return ev_vals[np.searchsorted(ev_steps, steps, side="right") - 1]
 
 
+SAMPLING_GRAMMAR = REMIGrammar(TOK)
+
+
 def check_file(path) -> dict:
     """Round-trip one real file; return counts and problems."""
     r = {"files": 1, "notes": 0, "decoded": 0, "clipped": 0, "duplicates": 0, "ts_mismatch": 0, "problems": []}
     prob = r["problems"]
     ids, st = TOK.encode_with_stats(path)
     prob += [f"grammar {e}" for e in grammar_errors(TOK, ids)[:2]]
+    if not SAMPLING_GRAMMAR.is_valid(ids):  # the mask the sampler's "valid by construction" rests on
+        prob.append(f"REMIGrammar rejects token {SAMPLING_GRAMMAR.first_violation(ids)}")
     data = TOK.decode_to_score(ids, "layers").dumps_midi()
     ids2 = TOK.encode(data)
     if not np.array_equal(ids, ids2):
