@@ -126,7 +126,8 @@ def test_play_stdout_bars_8_through_the_cli(tiny_checkpoint, tmp_path, monkeypat
 
     minutes, secs = re.search(r"played 8 bars, (\d+):([\d.]+) of music", err).groups()
     music = 60 * int(minutes) + float(secs)
-    assert seconds == pytest.approx(music + 0.5, abs=0.06)  # the 8 bars, then 0.5 s of release
+    # the 8 bars (printed to 0.1 s), then what still rings, for 0.5 s at most
+    assert music - 0.06 <= seconds <= music + 0.5 + 0.06
     assert record.exists()
     samples = np.frombuffer(audio, dtype="<i2")
     assert np.abs(samples).max() > 1000  # not silent
