@@ -651,6 +651,8 @@ def generate(
     meter: Optional[str] = typer.Option(None, "--meter", help="Opening time signature, e.g. 3/4 \\[default: the "
                                         "model's most likely]"),
     tempo: Optional[float] = typer.Option(None, "--tempo", help="Opening tempo in BPM \\[default: the model's choice]"),
+    key: Optional[str] = typer.Option(None, "--key", help="Transpose each piece to this key ('A minor', 'Am', "
+                                      "'F# major'), from the key it is found in (Krumhansl-Kessler)."),
     output: str = typer.Option("generated.mid", "-o", "--output", help="Output .mid (OUT-1.mid … with --num), or a "
                                "folder (an existing one, or a name ending in /) for piece.mid, piece-1.mid …"),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace existing output files."),
@@ -685,10 +687,16 @@ def generate(
 
     check_length_bars(length, bars)
     progression = parse_chords(chords) if chords is not None else None
+    if key is not None:
+        from .keys import parse_key
+
+        if chords is not None:
+            raise SpemusicError("--key and --chords: give one (the chords set the key)")
+        key = parse_key(key)
     _generate_or_continue(model, None, None, length, bars, num, temperature, top_p, top_k, seed, output, overwrite,
                           device, precision, as_json, False, chords=progression, keep_overlaps=keep_overlaps, png=png,
                           meter=meter, tempo=tempo, threads=threads, chord_strength=chord_strength, audio=audio,
-                          bar_top_p=bar_top_p)
+                          bar_top_p=bar_top_p, key=key)
 
 
 @app.command("continue")
@@ -753,7 +761,7 @@ def continue_(
 def _generate_or_continue(model_name, prompt_path, prompt_bars, length, bars, num, temperature, top_p, top_k, seed,
                           output, overwrite, device, precision, as_json, only_continuation, beats=None, chords=None,
                           keep_overlaps=False, png=False, meter=None, tempo=None, threads=None, chord_strength=0.0,
-                          audio=False, bar_top_p=1.0):
+                          audio=False, bar_top_p=1.0, key=None):
     import torch
 
     from .checkpoint import load_model
@@ -825,6 +833,21 @@ def _generate_or_continue(model_name, prompt_path, prompt_bars, length, bars, nu
                                precision.value),  # auto: None, the sampler picks
                            quiet=as_json and not sys.stderr.isatty(), chords=chords, meter=meter, tempo=tempo,
                            chord_strength=chord_strength)
+    if key is not None:  # each piece from the key it was found in to the one asked
+        from .keys import estimate_key, key_name, shift_to, transpose_ids
+
+        moved = []
+        for path, ids in zip(paths, result.ids):
+            tonic, mode, _ = estimate_key(ids, tok)
+            shift = shift_to((tonic, mode), key)
+            moved.append(transpose_ids(ids, tok, shift))
+            found = key_name(tonic, mode)
+            if mode != key[1]:
+                found += f", whose relative is {key_name(tonic - 3 if mode == 'major' else tonic + 3, key[1])}"
+            moves = (f"transposed {'up' if shift > 0 else 'down'} {abs(shift)} semitone{'s' * (abs(shift) != 1)} "
+                     f"to {key_name(*key)}" if shift else "kept as it is")
+            err.print(f"{path}: found in {found}; {moves}", highlight=False)
+        result.ids = moved
     prompt_len = 1 if prompt is None else len(prompt.ids)  # BOS, or the prompt's tokens
     prompt_bar_count = 0 if prompt is None else count_bars(prompt.ids, tok)
     overlaps = "layers" if keep_overlaps else "trim"

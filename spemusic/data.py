@@ -341,9 +341,6 @@ class WindowSampler:
             starts.append(np.stack([np.full_like(s, i), s], axis=1))
         self.starts = np.concatenate(starts)
         self.pitch_lo, self.pitch_hi = self.tokenizer.range("Pitch")
-        # Chord tokens are root-major (12 roots x qualities, then N): transposing shifts the root
-        self.chord_lo, self.chord_hi = self.tokenizer.range("Chord") if self.tokenizer.config.chords else (0, 0)
-        self.chord_qualities = (self.chord_hi - self.chord_lo - 1) // 12
 
     def window(self, seq_index: int, start: int) -> np.ndarray:
         out = np.full(self.seq_len + 1, self.tokenizer.pad_id, dtype=np.int64)
@@ -363,14 +360,9 @@ class WindowSampler:
         pitches = window[pitched] - self.pitch_lo
         lo = max(-self.max_transpose, -int(pitches.min()))
         hi = min(self.max_transpose, 127 - int(pitches.max()))
-        shift = int(rng.integers(lo, hi + 1))
-        out = window.copy()
-        out[pitched] += shift
-        chord = (window >= self.chord_lo) & (window < self.chord_hi - 1)  # N stays N
-        if chord.any():
-            root, quality = np.divmod(window[chord] - self.chord_lo, self.chord_qualities)
-            out[chord] = self.chord_lo + ((root + shift) % 12) * self.chord_qualities + quality
-        return out
+        from .keys import transpose_ids
+
+        return transpose_ids(window, self.tokenizer, int(rng.integers(lo, hi + 1)))
 
     def sample(self, rng: np.random.Generator, batch_size: int, augment: bool = True) -> np.ndarray:
         at_start = rng.random(batch_size) < self.PIECE_START_SHARE
