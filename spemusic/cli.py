@@ -704,7 +704,10 @@ def continue_(
     prompt: Path = typer.Argument(..., help="MIDI file to continue."),
     model: Optional[str] = typer.Option(None, "--model", "-m", help="Model name or checkpoint path "
                                         "\\[default: groove for a drums-only prompt, else pop-piano]."),
-    prompt_bars: Optional[int] = typer.Option(None, "--prompt-bars", help="Use only the first N bars of the prompt."),
+    prompt_bars: Optional[int] = typer.Option(None, "--prompt-bars", help="Use only the first N bars of music of the "
+                                              "prompt (leading empty bars are not counted)."),
+    from_bar: Optional[int] = typer.Option(None, "--from-bar", help="Continue after bar N of the file (numbered as "
+                                           "a score editor does, empty bars included); the bars after it are replaced."),
     length: Optional[int] = typer.Option(None, "--length", "-n", help="Tokens to add."),
     bars: Optional[int] = typer.Option(None, "--bars", help="Bars to add (instead of --length)."),
     num: int = typer.Option(1, "--num", help="Continuations, sampled together in one batch."),
@@ -744,6 +747,8 @@ def continue_(
 
     spemusic continue song.mid --prompt-bars 4 --length 2048 -o song_more.mid
 
+    spemusic continue song.mid --from-bar 16 --bars 8 -o song_new_ending.mid
+
     spemusic continue ../shared/data/pop909/001.mid --beats ../shared/data/pop909/beats/001.txt --prompt-bars 8 --bars 8
     """
     from .chords import parse_chords
@@ -754,6 +759,7 @@ def continue_(
     output = output or Path(f"{prompt.with_suffix('').name}-continued.mid")
     _generate_or_continue(model, prompt, prompt_bars, length, bars, num, temperature, top_p, top_k, seed, output,
                           overwrite, device, precision, as_json, only_continuation, beats=beats, chords=progression,
+                          from_bar=from_bar,
                           keep_overlaps=keep_overlaps, png=png, threads=threads, chord_strength=chord_strength,
                           audio=audio, bar_top_p=bar_top_p)
 
@@ -761,7 +767,7 @@ def continue_(
 def _generate_or_continue(model_name, prompt_path, prompt_bars, length, bars, num, temperature, top_p, top_k, seed,
                           output, overwrite, device, precision, as_json, only_continuation, beats=None, chords=None,
                           keep_overlaps=False, png=False, meter=None, tempo=None, threads=None, chord_strength=0.0,
-                          audio=False, bar_top_p=1.0, key=None):
+                          audio=False, bar_top_p=1.0, key=None, from_bar=None):
     import torch
 
     from .checkpoint import load_model
@@ -808,7 +814,7 @@ def _generate_or_continue(model_name, prompt_path, prompt_bars, length, bars, nu
     prompt = None
     if prompt_path is not None:
         # read the prompt with the default tokenizer to pick a model, then with the model's own
-        prompt = load_prompt(prompt_path, REMITokenizer(), prompt_bars, beats)
+        prompt = load_prompt(prompt_path, REMITokenizer(), prompt_bars, beats, from_bar)
         if model_name is None:
             model_name = "groove" if prompt.only_drums else "pop-piano"
     model, tok = load_model(model_name or "pop-piano", device=device)
@@ -822,7 +828,7 @@ def _generate_or_continue(model_name, prompt_path, prompt_bars, length, bars, nu
 
         opening_tokens(tok, meter, tempo)  # refused before any work when the vocabulary lacks them
     if prompt is not None and tok.config != REMITokenizer().config:
-        prompt = load_prompt(prompt_path, tok, prompt_bars, beats)
+        prompt = load_prompt(prompt_path, tok, prompt_bars, beats, from_bar)
     for warning in prompt.warnings if prompt is not None else []:
         err.print(f"[yellow]warning:[/] {escape(str(prompt_path))}: {escape(warning)}", highlight=False)
     for caveat in prompt.caveats if prompt is not None else []:

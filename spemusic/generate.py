@@ -95,9 +95,12 @@ class Prompt:
         return self.end_tick if self.end_tick is not None else round(self.end_beats * self.midi.ticks_per_beat)
 
 
-def load_prompt(path: Path, tokenizer: REMITokenizer, prompt_bars: int | None = None, beats: Path | None = None) -> Prompt:
+def load_prompt(path: Path, tokenizer: REMITokenizer, prompt_bars: int | None = None, beats: Path | None = None,
+                from_bar: int | None = None) -> Prompt:
     """The prompt of `continue`. With `beats` (a beat annotation of the file), its bars are the
-    annotated ones and the new bars start on the beat grid where the last annotated bar ends."""
+    annotated ones and the new bars start on the beat grid where the last annotated bar ends.
+    `prompt_bars`: the first N bars of music (leading empty bars not counted); `from_bar`: the
+    file's bars 1 to N, as a score editor numbers them."""
     path = Path(path)
     if not path.exists():
         raise SpemusicError(f"{path}: no such file")
@@ -121,7 +124,19 @@ def load_prompt(path: Path, tokenizer: REMITokenizer, prompt_bars: int | None = 
     bar_idx = np.flatnonzero(ids == tokenizer.bar_id)
     starts = bar_start_beats(ids, tokenizer)
     caveats = []
-    if prompt_bars is not None:
+    if from_bar is not None:
+        if prompt_bars is not None:
+            raise SpemusicError("--from-bar and --prompt-bars: give one")
+        if not 1 <= from_bar <= len(bar_idx):
+            raise SpemusicError(f"--from-bar {from_bar}: {path} has bars 1 to {len(bar_idx)}")
+        lo, hi = tokenizer.range("Pitch")
+        head = ids[: bar_idx[from_bar]] if from_bar < len(bar_idx) else ids
+        if not ((head >= lo) & (head < hi)).any():
+            first = int(np.searchsorted(bar_idx, np.flatnonzero((ids >= lo) & (ids < hi))[0], side="right"))
+            raise SpemusicError(f"--from-bar {from_bar}: bars 1-{from_bar} of {path} hold no note (the first is in "
+                                f"bar {first})")
+        prompt_bars = from_bar
+    elif prompt_bars is not None:
         if prompt_bars < 1:
             raise SpemusicError(f"--prompt-bars must be at least 1 (got {prompt_bars})")
         # leading empty bars (a silent intro, a pickup of rests) do not count: the prompt is the

@@ -175,6 +175,16 @@ def test_prompt_bars_count_from_the_first_note(run_cli, tiny_checkpoint, midi_fa
     code, _, err = run_cli("continue", late, "--model", tiny_checkpoint, "--prompt-bars", 5, "--bars", 1, "-o",
                            tmp_path / "more.mid")
     assert code == 1 and "has 4 bars from its first note (bar 4)" in err
+    # --from-bar counts the file's own bars, empty ones included
+    code, stdout, err = run_cli("continue", late, "--model", tiny_checkpoint, "--from-bar", 5, "--bars", 1, "--json",
+                                "-o", tmp_path / "from5.mid")
+    assert code == 0 and json.loads(stdout)["bars"] == 6, err
+    assert {n[2] for n in _notes(tmp_path / "from5.mid") if n[3] < 5 * bar} == {60, 61}  # bars 4 and 5 kept
+    for args, message in ((["--from-bar", 2], "bars 1-2 of"), (["--from-bar", 9], "has bars 1 to 7"),
+                          (["--from-bar", 5, "--prompt-bars", 2], "give one")):
+        code, _, err = run_cli("continue", late, "--model", tiny_checkpoint, *args, "--bars", 1, "-o",
+                               tmp_path / "no.mid")
+        assert code == 1 and message in " ".join(err.split()) and not (tmp_path / "no.mid").exists(), err
 
 
 def test_an_out_of_range_controller_value_is_clipped_with_a_warning(run_cli, tiny_checkpoint, tmp_path):
