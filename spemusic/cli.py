@@ -213,7 +213,11 @@ def tokenize(
 
     def convert(src: Path, dest: Path) -> None:
         ids = tok.encode(src, beats=annotation(src, beats, BEAT_SUFFIXES), chords=annotation(src, chords, CHORD_SUFFIXES))
-        write_output(("\n".join(tok.ids_to_tokens(ids)) + "\n").encode(), dest)
+        lines = []
+        for i, name in zip(ids.tolist(), tok.ids_to_tokens(ids)):
+            meaning = tok.describe(i)  # what the bin means, after the token: readers take the first field
+            lines.append(f"{name:<16} ; {meaning}" if meaning else name)
+        write_output(("\n".join(lines) + "\n").encode(), dest)
 
     _convert_many(inputs, output, {".mid", ".midi"}, ".txt", convert, "tokenized", overwrite)
 
@@ -318,7 +322,8 @@ def detokenize(
 
     def convert(src: Path, dest: Path) -> None:
         try:
-            numbered = [(n, line.strip()) for n, line in enumerate(src.read_text().splitlines(), 1) if line.strip()]
+            # one token per line: its first field (what follows, "; 91.4 BPM", is for people)
+            numbered = [(n, line.split()[0]) for n, line in enumerate(src.read_text().splitlines(), 1) if line.strip()]
         except UnicodeDecodeError:
             raise SpemusicError(f"{src}: not a token text file (binary content)") from None
         if not numbered:

@@ -233,6 +233,16 @@ def _duration_bins(res: int, max_beats: int) -> np.ndarray:
     return np.array(sorted(x for x in s if x <= top), dtype=np.int64)
 
 
+NOTE_NAMES = ("C", "C#", "D", "D#", "E", "F", "F#", "G", "G#", "A", "A#", "B")
+
+
+def _beats(steps: int, res: int) -> str:
+    """Grid steps as a fraction of a beat: 18 steps at 12 per beat -> '1 1/2'."""
+    f = Fraction(steps, res)
+    whole, rest = divmod(f, 1)
+    return " ".join(x for x in (str(whole) if whole else "", str(rest) if rest else "") if x) or "0"
+
+
 @functools.lru_cache(maxsize=1)
 def _gm_names() -> list[str]:
     try:
@@ -374,6 +384,27 @@ class REMITokenizer:
             raise TokenError(f"token id {int(arr[bad][0])} is not in the vocabulary (size {len(self.vocab)})")
         v = self.vocab
         return [v[i] for i in arr.tolist()]
+
+    def describe(self, token_id: int) -> str:
+        """What a token's bin means, in a musician's units ("91.4 BPM", "3/4 beat", "beat 2 +
+        1/2", "velocity 73", "C4"); "" where the name says it all."""
+        kind, value = self.vocab[token_id].split("_", 1) if "_" in self.vocab[token_id] else (self.vocab[token_id], "")
+        res = self.config.beat_resolution
+        if kind == "Tempo":
+            return f"{float(self.tempo_values[int(value)]):.1f} BPM"
+        if kind == "Duration":
+            steps = int(self.duration_steps[int(value)])
+            return f"{_beats(steps, res)} beat{'s' * (steps > res)}"
+        if kind == "Position":
+            beat, step = divmod(int(value), res)
+            return f"beat {beat + 1}" + (f" + {_beats(step, res)}" if step else "")
+        if kind == "Velocity":
+            return f"velocity {int(self.velocity_values[int(value)])}"
+        if kind == "Pitch":
+            return f"{NOTE_NAMES[int(value) % 12]}{int(value) // 12 - 1}"
+        if kind == "Program" and value != "drums":
+            return _gm_names()[int(value)]
+        return ""
 
     def tokens_to_ids(self, tokens: Iterable[str]) -> np.ndarray:
         t2i = self.token_to_id

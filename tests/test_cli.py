@@ -30,6 +30,23 @@ def test_help_lists_every_command_and_version(run_cli):
     assert code == 0 and out.strip() == f"spemusic {spemusic.__version__}"
 
 
+def test_token_files_say_what_the_bins_mean_and_old_files_still_read(run_cli, examples, tmp_path):
+    txt = tmp_path / "piano.txt"
+    assert run_cli("tokenize", examples["piano"], "-o", txt)[0] == 0
+    lines = txt.read_text().splitlines()
+    assert "Position_0       ; beat 1" in lines and "Pitch_48         ; C3" in lines
+    assert any(line.startswith("Tempo_") and line.endswith(" BPM") for line in lines)
+    assert any(line.startswith("Duration_") and line.endswith(" beat") for line in lines)
+    bare = tmp_path / "bare.txt"  # a token file as written before the meanings: one token per line
+    bare.write_text("\n".join(line.split()[0] for line in lines) + "\n")
+    for src in (txt, bare):
+        assert run_cli("detokenize", src, "-o", tmp_path / f"{src.stem}.mid")[0] == 0
+    assert (tmp_path / "piano.mid").read_bytes() == (tmp_path / "bare.mid").read_bytes()
+    tok = REMITokenizer()
+    assert tok.describe(tok.token_to_id["Position_15"]) == "beat 2 + 1/4"
+    assert tok.describe(tok.token_to_id["Bar"]) == ""
+
+
 def test_tokenize_detokenize_round_trip(run_cli, examples, tmp_path):
     txt, mid = tmp_path / "piano.txt", tmp_path / "again.mid"
     assert run_cli("tokenize", examples["piano"], "-o", txt)[0] == 0
@@ -200,7 +217,8 @@ def test_detokenize_says_where_tokens_break_the_grammar(run_cli, examples, tmp_p
     code, _, err = run_cli("detokenize", bad, "-o", tmp_path / "bad.mid")
     assert code == 0, err
     # the Duration that follows the missing Velocity is the first token out of place (1-based lines)
-    assert f"line {first_velocity + 1} ({lines[first_velocity + 1]})" in err and "1 of " in err and "warning" in err
+    token = lines[first_velocity + 1].split()[0]
+    assert f"line {first_velocity + 1} ({token})" in err and "1 of " in err and "warning" in err
     assert len(REMITokenizer().decode(REMITokenizer().encode(tmp_path / "bad.mid")).instruments[0].notes) > 0
     code, _, err = run_cli("detokenize", txt, "-o", tmp_path / "good.mid")
     assert code == 0 and "warning" not in err
