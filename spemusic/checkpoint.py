@@ -187,6 +187,28 @@ def save_run_checkpoint(run_dir: Path, names: list[str], step: int, model: Perfo
     return final
 
 
+def complete_checkpoints(run_dir: Path) -> list[Path]:
+    """The complete ckpt/step-N folders of a run (weights and trainer state), oldest first."""
+    root = Path(run_dir) / "ckpt"
+    if not root.is_dir():
+        return []
+    return sorted(d for d in root.iterdir() if d.name.startswith("step-") and (d / WEIGHTS).is_file()
+                  and (d / TRAINER).is_file())
+
+
+def relink_last(run_dir: Path) -> Path | None:
+    """Point a missing or dangling `last` at the newest complete checkpoint (links are lost when
+    a run folder is copied without them); returns it, or None when there is none."""
+    found = complete_checkpoints(run_dir)
+    if not found:
+        return None
+    link = Path(run_dir) / "last"
+    if link.is_symlink():
+        link.unlink()
+    os.symlink(Path("ckpt") / found[-1].name, link)
+    return found[-1]
+
+
 def _remove_unreferenced(run_dir: Path) -> None:
     keep = {(run_dir / n).resolve() for n in ("last", "best") if (run_dir / n).exists()}
     for d in (run_dir / "ckpt").iterdir():

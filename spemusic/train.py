@@ -316,8 +316,13 @@ def train(cfg: TrainConfig, run_dir: Path, resume: bool = False, stop_after: int
             raise SpemusicError(f"{run_dir}: nothing to resume (not a training run: no run.json)")
         lock = lock_run_folder(run_dir) if is_main else None  # noqa: F841  (held until train returns)
         if not (run_dir / "last").exists():
-            raise SpemusicError(f"{run_dir}: nothing to resume (the run stopped before its first checkpoint); "
-                                "start it again: train … -o with the same folder")
+            found = checkpoint.relink_last(run_dir) if is_main else None
+            if found is None and not checkpoint.complete_checkpoints(run_dir):
+                raise SpemusicError(f"{run_dir}: nothing to resume (the run stopped before its first checkpoint); "
+                                    "start it again: train … -o with the same folder")
+            if found is not None:
+                console.print(f"[yellow]note:[/] {run_dir}: `last` was missing; resuming from the newest complete "
+                              f"checkpoint, {found.relative_to(run_dir)}", highlight=False)
         saved_run = json.loads(run_file.read_text())
         saved = TrainConfig.from_dict(saved_run["train"], source=str(run_file))
         cache = saved_run.get("data_cache")
@@ -334,6 +339,10 @@ def train(cfg: TrainConfig, run_dir: Path, resume: bool = False, stop_after: int
         check_output_folder(run_dir)
         if (run_dir / "last").exists():
             raise SpemusicError(f"{run_dir}: already holds a training run; use --resume {run_dir} or another -o")
+        kept = checkpoint.complete_checkpoints(run_dir)
+        if kept:  # a run whose links were lost: starting afresh would delete them
+            raise SpemusicError(f"{run_dir}: holds {len(kept)} complete checkpoint(s) ({kept[-1].relative_to(run_dir)} "
+                                f"the newest); use --resume {run_dir} or another -o")
 
     device = pick_device(cfg.device)
     if world > 1:

@@ -328,3 +328,18 @@ def test_a_second_writer_of_a_run_folder_is_refused(run_cli, pop_cache, tmp_path
             h.close()
     code, _, err = run_cli("train", "--resume", run)  # the lock goes with its holder
     assert code == 0 and "done: step 2/2" in err, err
+
+
+def test_a_run_folder_whose_links_were_lost_resumes_and_is_never_overwritten(run_cli, pop_cache, tmp_path):
+    run = tmp_path / "run"
+    code, _, err = run_cli("train", pop_cache, "-o", run, "--preset", "tiny", "--seq-len", 64, "--batch-size", 2,
+                           "--steps", 3, "--stop-after", 2, "--val-every", 100)
+    assert code == 0, err
+    saved = sorted((run / "ckpt").iterdir())
+    for name in ("last", "best"):  # as a copy that drops symbolic links leaves it
+        (run / name).unlink(missing_ok=True)
+    code, _, err = run_cli("train", pop_cache, "-o", run, "--preset", "tiny", "--seq-len", 64, "--steps", 3)
+    assert code == 1 and "holds 1 complete checkpoint(s) (ckpt/step-00000002 the newest)" in err, err
+    assert sorted((run / "ckpt").iterdir()) == saved  # nothing deleted
+    code, _, err = run_cli("train", "--resume", run)
+    assert code == 0 and "`last` was missing" in err and "done: step 3/3" in err, err
