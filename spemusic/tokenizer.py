@@ -233,6 +233,7 @@ def _duration_bins(res: int, max_beats: int) -> np.ndarray:
     return np.array(sorted(x for x in s if x <= top), dtype=np.int64)
 
 
+MAX_MIDI_TICK = 2**28 - 1  # the largest MIDI variable-length quantity
 NOTE_NAMES = ("C", "C#", "D", "D#", "E", "F", "F#", "G", "G#", "A", "A#", "B")
 
 
@@ -510,6 +511,8 @@ class REMITokenizer:
         p.pitch = np.concatenate(pitches).astype(np.int64)
         p.vel = np.concatenate(vels).astype(np.int64)
         p.prog = np.concatenate(progs)
+        if (p.time < 0).any() or (p.time + p.dur < 0).any():  # symusic keeps ticks in 32 bits
+            raise MidiError(f"{name}: a note lies beyond tick 2^31 - 1, further than a MIDI time can reach")
         t = score.tempos.numpy()
         p.tempo_time = t["time"].astype(np.int64)
         with np.errstate(divide="ignore"):
@@ -1020,6 +1023,12 @@ class REMITokenizer:
         encode(decode(ids, overlaps="layers")) == ids)."""
         (step, dur, pitch, vel, prog), tempos, tss, chords = self._notes(ids, overlaps)
         k = TICKS_PER_STEP_OUT
+        last = max(int((step + dur).max(initial=0)), max((s for s, _ in tempos + tss + chords), default=0)) * k
+        # a MIDI delta time has at most 28 bits: a later event would be written wrapped around, at
+        # the wrong time (bounding the whole piece is simpler: 2^28 ticks are 77 h at 120 BPM)
+        if last > MAX_MIDI_TICK:
+            raise TokenError(f"the tokens reach tick {last:,}, beyond what a MIDI file can hold ({MAX_MIDI_TICK:,}); "
+                             "split them into shorter pieces")
         score = symusic.Score(self.ticks_per_beat_out)
         for s, c in chords:  # chord symbols as markers: DAWs show them, encode reads them back
             score.markers.append(symusic.TextMeta(s * k, self.chord_mark(c)))

@@ -586,3 +586,22 @@ def test_bad_inputs(tmp_path, midi_factory):
         TOK.encode(miditoolkit.MidiFile())
     with pytest.raises(TypeError):
         TOK.encode(12345)
+
+
+def test_times_beyond_what_midi_holds_are_refused(tmp_path):
+    import struct
+
+    # 70,001 bars of 8/4 and then a note: 268.8M output ticks, more than a MIDI delta time holds
+    ids = TOK.tokens_to_ids(["BOS", "Bar", "TimeSig_8/4", "Position_0", "Tempo_10", "Program_0", "Pitch_60",
+                             "Velocity_20", "Duration_12"] + ["Bar"] * 70_000 +
+                            ["Position_0", "Program_0", "Pitch_62", "Velocity_20", "Duration_12", "EOS"])
+    with pytest.raises(TokenError, match="beyond what a MIDI file can hold"):
+        TOK.decode_to_score(ids)
+    # a note at tick 2^31 (delta times of 2^28 - 1, eight of them, then more) reads back negative in 32 bits
+    vlq = bytes([0xFF, 0xFF, 0xFF, 0x7F])  # 2^28 - 1
+    track = (vlq + bytes([0xFF, 0x01, 0x00])) * 8 + bytes([0x10, 0x90, 0x3C, 0x64, 0x10, 0x80, 0x3C, 0x40,
+                                                        0x00, 0xFF, 0x2F, 0x00])
+    far = tmp_path / "far.mid"
+    far.write_bytes(b"MThd" + struct.pack(">IHHH", 6, 0, 1, 480) + b"MTrk" + struct.pack(">I", len(track)) + track)
+    with pytest.raises(MidiError, match="beyond tick 2"):
+        TOK.encode(far)
