@@ -35,7 +35,8 @@ def find_midi_files(folder: Path) -> list[Path]:
 
 def hash_split(relpath: str, valid_percent: int = 5, test_percent: int = 5) -> str:
     """Deterministic split from a hash of the relative path: stable when files are added."""
-    bucket = int(hashlib.sha1(relpath.encode()).hexdigest()[:8], 16) % 100
+    # surrogateescape: a file name that is not UTF-8 hashes as its own bytes
+    bucket = int(hashlib.sha1(relpath.encode("utf-8", "surrogateescape")).hexdigest()[:8], 16) % 100
     if bucket < test_percent:
         return "test"
     if bucket < test_percent + valid_percent:

@@ -352,3 +352,17 @@ def test_ctrl_c_while_starting_is_one_line_and_130(when):
         assert "error:" in err
         return
     assert proc.returncode == 130 and "Traceback" not in err and err.strip().splitlines()[-1] == "interrupted", err
+
+
+def test_a_file_name_that_is_not_utf8_is_read(run_cli, examples, tmp_path):
+    import os
+
+    folder = tmp_path / "odd"
+    folder.mkdir()
+    name = os.fsdecode(b"caf\xe9.mid")  # Latin-1 bytes: no UTF-8 name
+    (folder / name).write_bytes(examples["piano"].read_bytes())
+    (folder / "plain.mid").write_bytes(examples["piano"].read_bytes())
+    code, out, err = run_cli("data", "prepare", folder, "-o", tmp_path / "cache")
+    assert code == 0 and "Traceback" not in err, err
+    code, out, err = run_cli("eval", "pop-piano", folder, "--split", "all")
+    assert code == 0 and "nats per note" in out, err
