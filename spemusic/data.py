@@ -3,7 +3,8 @@
 Layout of a cache directory:
     index.json   tokenizer config + fingerprint, one entry per file (path, split, offset, length,
                  size and mtime for reuse), skipped files with reasons, per-split token counts
-    tokens.npy   every file's token ids concatenated (uint16 when the vocabulary fits)
+    tokens-*.npy every file's token ids concatenated (uint16 when the vocabulary fits), named by
+                 the index ("tokens"; caches written before that name have tokens.npy)
 """
 
 from __future__ import annotations
@@ -141,7 +142,7 @@ class TokenCache:
             index = json.loads(index_path.read_text())
             if index.get("format") != "spemusic-cache" or index.get("version") != INDEX_VERSION:
                 raise ValueError("unknown format")
-            tokens = np.load(path / "tokens.npy", mmap_mode="r")
+            tokens = np.load(path / index.get("tokens", "tokens.npy"), mmap_mode="r")
         except (ValueError, KeyError, OSError) as e:
             raise SpemusicError(f"{path}: broken data cache ({e}); delete it and run `spemusic data prepare` again") from None
         return cls(path, index, tokens)
@@ -284,18 +285,23 @@ def prepare(
         "source_keys": keys,
     }
     _write_cache_atomically(cache_dir, tokens, index)
-    return TokenCache(cache_dir, index, np.load(cache_dir / "tokens.npy", mmap_mode="r")), False
+    return TokenCache(cache_dir, index, np.load(cache_dir / index["tokens"], mmap_mode="r")), False
 
 
 def _write_cache_atomically(cache_dir: Path, tokens: np.ndarray, index: dict) -> None:
-    """tokens.npy first, index.json last (each via a temporary name + rename): a cache with an
-    index is always complete."""
+    """The new tokens under a new name, then the index that names them (each via a temporary name
+    and a rename), then the old tokens go: until the new index is in place the old cache stays
+    whole, so a failure (a full disk) loses nothing."""
     cache_dir.mkdir(parents=True, exist_ok=True)
-    (cache_dir / "index.json").unlink(missing_ok=True)
     buf = io.BytesIO()
     np.save(buf, tokens)
-    write_atomically(buf.getvalue(), cache_dir / "tokens.npy")
+    data = buf.getvalue()
+    index["tokens"] = f"tokens-{hashlib.sha1(data).hexdigest()[:12]}.npy"
+    write_atomically(data, cache_dir / index["tokens"])
     write_atomically(json.dumps(index).encode(), cache_dir / "index.json")
+    for old in cache_dir.glob("tokens*.npy"):
+        if old.name != index["tokens"]:
+            old.unlink(missing_ok=True)
 
 
 def open_dataset(data: Path, config: TokenizerConfig | None = None, progress=None, beats_dir: Path | None = None,

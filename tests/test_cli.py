@@ -366,3 +366,33 @@ def test_a_file_name_that_is_not_utf8_is_read(run_cli, examples, tmp_path):
     assert code == 0 and "Traceback" not in err, err
     code, out, err = run_cli("eval", "pop-piano", folder, "--split", "all")
     assert code == 0 and "nats per note" in out, err
+
+
+def test_a_failed_rewrite_of_a_cache_leaves_the_old_one_whole(examples, tmp_path, monkeypatch):
+    import errno
+    import shutil
+
+    from spemusic import data as data_module
+
+    src = tmp_path / "midi"
+    src.mkdir()
+    shutil.copy(examples["piano"], src / "a.mid")
+    cache = tmp_path / "cache"
+    before, _ = prepare(src, cache, workers=1, split_csv=None)
+    n = len(before.tokens)
+    shutil.copy(examples["groove"], src / "b.mid")  # the source changes: the next run rewrites the cache
+    real = data_module.write_atomically
+
+    def disk_full(data, path):
+        if str(path).endswith(".npy"):
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        real(data, path)
+
+    monkeypatch.setattr(data_module, "write_atomically", disk_full)
+    with pytest.raises(OSError):
+        prepare(src, cache, workers=1, split_csv=None)
+    monkeypatch.setattr(data_module, "write_atomically", real)
+    assert len(TokenCache.load(cache).tokens) == n  # the old cache, whole
+    (src / "b.mid").unlink()
+    again, reused = prepare(src, cache, workers=1, split_csv=None)
+    assert reused and len(again.tokens) == n
