@@ -614,6 +614,15 @@ def _run_sampling(model, tok, *, num, length, bars, prompt, options, seed, weigh
         return result
 
 
+def _instruments(tok, program_ids) -> str:
+    """'Electric Bass (finger), Lead 1 (square) and drums' for Program token ids."""
+    from .tokenizer import _gm_names
+
+    lo = tok.range("Program")[0]
+    names = ["drums" if i == tok.drum_program_id else _gm_names()[i - lo] for i in program_ids]
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+
+
 def _report(rows, result, seed, as_json, midis, prompt_bar_count: int, only_continuation: bool, by_length: bool,
             extras=None):
     """One line (or JSON object) per file written. rows: (path, new tokens kept, new bars). by_length:
@@ -860,6 +869,14 @@ def _generate_or_continue(model_name, prompt_path, prompt_bars, length, bars, nu
             err.print(f"{path}: found in {found}; {moves}", highlight=False)
         result.ids = moved
     prompt_len = 1 if prompt is None else len(prompt.ids)  # BOS, or the prompt's tokens
+    if prompt is not None:  # instruments of the prompt that no new bar plays: they stop at the cut
+        lo, hi = tok.range("Program")
+        before = {int(t) for t in prompt.ids if lo <= t < hi}
+        after = {int(t) for ids in result.ids for t in ids[prompt_len:] if lo <= t < hi}
+        stopped = sorted(before - after)
+        if stopped and after:
+            err.print(f"[yellow]note:[/] the model did not continue {_instruments(tok, stopped)} of the prompt; the "
+                      f"new bars play {_instruments(tok, sorted(after))}", highlight=False)
     prompt_bar_count = 0 if prompt is None else count_bars(prompt.ids, tok)
     overlaps = "layers" if keep_overlaps else "trim"
     pieces = [tok.decode(ids, overlaps) if prompt is None else merge_continuation(prompt, ids, tok, only_continuation, overlaps)

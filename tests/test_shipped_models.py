@@ -64,3 +64,16 @@ def test_model_card_nll_is_reproduced_by_eval(run_cli, shared_data, tmp_path, na
     assert code == 0, err
     measured = json.loads((tmp_path / "e.json").read_text())["mean_nll"]
     assert measured == pytest.approx(float(figure.group(1)), rel=0.01)
+
+
+def test_continue_says_which_instruments_of_the_prompt_stop(run_cli, midi_factory, tmp_path):
+    piano = [(0, False, 60 + i % 5, i * 480, i * 480 + 400, 80) for i in range(16)]
+    bass = [(33, False, 36, i * 960, i * 960 + 800, 90) for i in range(8)]
+    drums = [(0, True, 36, i * 480, i * 480 + 60, 100) for i in range(16)]
+    band = midi_factory("band.mid", piano + bass + drums)
+    code, _, err = run_cli("continue", band, "--model", "pop-piano", "--bars", 2, "--seed", 1,
+                           "-o", tmp_path / "more.mid")
+    assert code == 0, err
+    flat = " ".join(err.split())
+    assert "the model did not continue Electric Bass (finger) and drums of the prompt" in flat, err
+    assert "the new bars play Acoustic Grand Piano" in flat
