@@ -547,6 +547,10 @@ def _read_toml(path: Path) -> dict:
         options = tomllib.loads(path.read_text())
     except FileNotFoundError:
         raise SpemusicError(f"{path}: no such config file") from None
+    except IsADirectoryError:
+        raise SpemusicError(f"{path}: is a folder, not a TOML config file") from None
+    except UnicodeDecodeError:
+        raise SpemusicError(f"{path}: not a TOML config file (not UTF-8 text)") from None
     except tomllib.TOMLDecodeError as e:
         raise SpemusicError(f"{path}: invalid TOML ({e})") from None
     tables = [k for k, v in options.items() if isinstance(v, dict)]

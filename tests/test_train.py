@@ -343,3 +343,19 @@ def test_a_run_folder_whose_links_were_lost_resumes_and_is_never_overwritten(run
     assert sorted((run / "ckpt").iterdir()) == saved  # nothing deleted
     code, _, err = run_cli("train", "--resume", run)
     assert code == 0 and "`last` was missing" in err and "done: step 3/3" in err, err
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--batch-size", 1_000_000_000], "would need ~"),
+    (["--seq-len", 1_000_000_000], "would need ~"),
+])
+def test_a_step_that_cannot_fit_is_refused_before_any_allocation(run_cli, pop_cache, tmp_path, args, message):
+    code, _, err = run_cli("train", pop_cache, "-o", tmp_path / "run", "--preset", "tiny", "--steps", 1, *args)
+    assert code == 1 and message in err and "GB are free" in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_a_config_file_that_is_not_text_is_one_line(run_cli, pop_cache, tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_bytes(b"\xff\xfe")
+    code, _, err = run_cli("train", pop_cache, "-o", tmp_path / "run", "--config", bad)
+    assert code == 1 and "not a TOML config file" in err, err
