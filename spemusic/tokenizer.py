@@ -255,15 +255,23 @@ def _gm_names() -> list[str]:
 
 
 def _truncation(data: bytes) -> str:
-    """Why a Standard MIDI File is cut short, or "" if its chunks fit: a chunk that declares
-    more bytes than remain. symusic 0.5 reads such files leniently, as if the rest were silence."""
-    pos = 0
-    while pos + 8 <= len(data):
+    """Why a Standard MIDI File is cut short, or "" if its chunks fit: one of the header's tracks
+    missing, or a chunk that declares more bytes than remain (bytes after the last track are
+    ignored, as players ignore them). symusic 0.5 reads such files leniently, as if the rest were
+    silence."""
+    if len(data) < 14:
+        return "truncated header"
+    tracks = int.from_bytes(data[10:12], "big")
+    pos, found = 8 + int.from_bytes(data[4:8], "big"), 0
+    while found < tracks:
+        if pos + 8 > len(data):
+            return f"truncated: {found} of its {tracks} tracks"
         kind, length = data[pos:pos + 4], int.from_bytes(data[pos + 4:pos + 8], "big")
         if pos + 8 + length > len(data):
             return f"truncated: a {kind.decode('latin-1')!r} chunk declares {length:,} bytes, {len(data) - pos - 8:,} remain"
+        found += kind == b"MTrk"
         pos += 8 + length
-    return "" if pos >= 14 else "truncated header"
+    return ""
 
 
 def _one_line(msg: str, limit: int = 160) -> str:
