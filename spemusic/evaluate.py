@@ -94,8 +94,10 @@ def evaluate_nll(model: Performer, tokenizer: REMITokenizer, data: Path, split: 
         raise SpemusicError(f"{data}: the {split} split is empty (use --split all for a plain folder)")
     if max_pieces:
         sequences = sequences[:max_pieces]
-    # no position past the longest piece has a token: a huge --max-len costs nothing
-    max_len = max(1, min(max_len, max(len(s) for s in sequences) - 1))
+    # no position past the longest piece has a token: the table stops at its bucket, and a huge
+    # --max-len costs nothing (10^9 asked for 16 GB of position arrays and 7.8M buckets)
+    longest = max(len(s) for s in sequences) - 1
+    max_len = max(1, min(max_len, -(-longest // bucket) * bucket))
     nll_sum, count = position_nll(model, sequences, tokenizer.pad_id, max_len, device=device, progress=progress)
     buckets = []
     for start in range(0, max_len, bucket):

@@ -133,7 +133,8 @@ def test_torchrun_two_processes_match_one(pop_cache, tmp_path, run_cli):
     for a, b in zip(ddp_m, one_m):
         assert a["train_loss"] == pytest.approx(b["train_loss"], rel=2e-3)
     # rank 0 alone writes: one metrics line per log step, one run.json, one checkpoint
-    assert sorted(p.name for p in (tmp_path / "ddp").iterdir()) == ["best", "ckpt", "last", "metrics.jsonl", "run.json"]
+    assert sorted(p.name for p in (tmp_path / "ddp").iterdir()) == [".lock", "best", "ckpt", "last", "metrics.jsonl",
+                                                                   "run.json"]
     assert "2 process(es)" in ddp.stderr
 
 
