@@ -32,7 +32,7 @@ import numpy as np
 from spemusic.checkpoint import load_model
 from spemusic.data import open_dataset
 from spemusic.metrics import continuation_similarity, summary
-from spemusic.cli import BAR_TOP_P, CHORD_STRENGTH, TOP_P
+from spemusic.cli import CHORD_STRENGTH, _sampling_options
 from spemusic.sampling import SamplingOptions, sample
 
 DATA = Path(__file__).resolve().parents[1] / ".." / "shared" / "data"
@@ -65,17 +65,19 @@ def main() -> None:
     ap.add_argument("--pop-model", default="pop-piano")
     ap.add_argument("--groove-model", default="groove")
     ap.add_argument("--chords", default="C G Am F", help="progression for the --chords check (one per bar)")
-    ap.add_argument("--top-p", type=float, default=TOP_P)
-    ap.add_argument("--bar-top-p", type=float, default=BAR_TOP_P)
+    ap.add_argument("--top-p", type=float, default=None, help="default: the model's, as generate has it")
+    ap.add_argument("--bar-top-p", type=float, default=None, help="default: the model's, as generate has it")
     ap.add_argument("--temperature", type=float, default=1.0)
     ap.add_argument("--out", default="benchmarks/results/music_metrics.json")
     args = ap.parse_args()
-    opts = SamplingOptions(temperature=args.temperature, top_p=args.top_p, bar_top_p=args.bar_top_p)
+    def options(model_name: str) -> SamplingOptions:  # the defaults of `generate` for that model
+        return _sampling_options({"name": Path(model_name).name}, args.temperature, 0, args.top_p, args.bar_top_p)
+
     results = {}
     if args.only != "groove":
-        results["pop-piano"] = pop_piano(args, opts)
+        results["pop-piano"] = pop_piano(args, options(args.pop_model))
     if args.only != "pop-piano":
-        results["groove"] = groove(args, opts)
+        results["groove"] = groove(args, options(args.groove_model))
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(results, indent=2))
     print(f"wrote {args.out}")
@@ -213,7 +215,8 @@ def groove(args, opts) -> dict:
                                                                  for _ in range(2000))]
     lo, hi = np.percentile(boots, [5, 95])
     print(f"\ngroove ({args.groove_model}): {args.per_prompt} continuations of {args.bars} bars after each of "
-          f"{len(sources)} 2-bar prompts (Groove valid), {time.perf_counter() - t0:.0f} s")
+          f"{len(sources)} 2-bar prompts (Groove valid), {time.perf_counter() - t0:.0f} s, top-p {opts.top_p}, "
+          f"bar top-p {opts.bar_top_p}")
     def quarters(v):
         return "  ".join(f"Q{i + 1} {x:.3f}" for i, x in enumerate(v)) + f"  -> last/first {v[3] / v[0]:.2f}"
 

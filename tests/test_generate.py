@@ -485,3 +485,14 @@ def test_threads_option(run_cli, tiny_checkpoint, tmp_path):
 def test_out_of_range_sampling_options(run_cli, tiny_checkpoint, tmp_path, args, message):
     code, _, err = run_cli("generate", "--model", tiny_checkpoint, "--length", 20, "-o", tmp_path / "x.mid", *args)
     assert code == 1 and message in err and not (tmp_path / "x.mid").exists(), err
+
+
+def test_sampling_defaults_follow_the_model():
+    from spemusic.cli import _sampling_options
+
+    pop = _sampling_options({"name": "pop-piano"}, 1.0, 0, None, None)
+    groove = _sampling_options({"name": "groove"}, 1.0, 0, None, None)
+    mine = _sampling_options({}, 1.0, 0, 0.9, None)
+    assert (pop.top_p, pop.bar_top_p) == (1.0, 0.8)
+    assert (groove.top_p, groove.bar_top_p) == (0.95, 0.95)
+    assert (mine.top_p, mine.bar_top_p) == (0.9, 0.8)  # what the user gives wins
