@@ -1,10 +1,10 @@
 """Audio from MIDI: a General MIDI SoundFont played by symusic's synthesizer (prestosynth).
 
 Chosen by measurement (``benchmarks/render_speed.py``, one core): it installs from PyPI with
-symusic, which spemusic already needs, while FluidSynth is a system package; it is as fast as
-FluidSynth's fast-render mode on pop piano with FluidR3_GM (50x against 52x real time), 2x
-faster with the small TimGM6mb and 13-19x faster on drums. FluidSynth is the more faithful
-player (modulators, reverb, chorus, controllers); prestosynth plays no MIDI controllers, so the
+symusic, which spemusic already needs, while FluidSynth is a system package; it renders pop piano
+a little faster than FluidSynth's fast-render mode (71x against 58x real time with FluidR3_GM,
+127x against 100x with TimGM6mb) and drums 12-15x faster. FluidSynth is the more faithful player
+(modulators, reverb, chorus, controllers); prestosynth plays no MIDI controllers, so the
 sustain pedal is applied here, before rendering, by holding notes until the pedal lifts."""
 
 from __future__ import annotations
