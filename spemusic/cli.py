@@ -1010,8 +1010,8 @@ def play(
     net, tok, info = load_model(model or "pop-piano", return_info=True)
     options = _sampling_options(info, temperature, 0, top_p, bar_top_p)
     _say_which_checkpoint(model)
-    if prompt is not None:
-        prompt_ids = load_prompt(prompt, tok).ids
+    if prompt is not None:  # read again only when the model's tokenizer differs from the default
+        prompt_ids = (loaded if tok.config == REMITokenizer().config else load_prompt(prompt, tok)).ids
     player = Player(midi_out=midi_out, audio_out=audio_out, soundfont=font)
     outputs = ", ".join(x for x in (port and f"MIDI port {port}", midi_to_stdout and "MIDI on stdout",
                                     to_stdout and f"audio on stdout ({font.name})",

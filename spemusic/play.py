@@ -315,9 +315,9 @@ def play(model, tokenizer: REMITokenizer, player: Player, *, prompt=None, option
     from .grammar import GrammarState, REMIGrammar
     from .sampling import stream_bars
 
-    st = GrammarState()
+    st, grammar = GrammarState(), REMIGrammar(tokenizer)  # the meter and tempo in force after the prompt
     for t in ([] if prompt is None else prompt):
-        REMIGrammar(tokenizer).advance(st, int(t))
+        grammar.advance(st, int(t))
     timer = BarTimer(tokenizer, st.timesig, st.tempo)
     kept: list[list[int]] = []
     started = player.clock.now()
@@ -329,10 +329,9 @@ def play(model, tokenizer: REMITokenizer, player: Player, *, prompt=None, option
         stopped = stopped or should_stop()
         return stopped
 
-    def report(played_bars: int, music: float) -> PlayReport:
+    def report(played_bars: int, music: float) -> PlayReport:  # the tokens are joined once, at the end
         busy = player.clock.now() - started - player.slept
-        tokens = [t for bar in kept[:played_bars] for t in bar]
-        return PlayReport(played_bars, music, player.sampled, busy, player.underruns, player.late, tokens)
+        return PlayReport(played_bars, music, player.sampled, busy, player.underruns, player.late, [])
 
     for bar in stream_bars(model, tokenizer, prompt=prompt, options=options, seed=seed, weights_dtype=weights_dtype,
                            should_stop=stop, on_token=player.service):
