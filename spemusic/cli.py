@@ -119,6 +119,8 @@ THREADS_HELP = "CPU threads \\[default: OMP_NUM_THREADS when set, else "
 
 def _expand_inputs(inputs: List[Path], suffixes: set[str]) -> tuple[list[tuple[Path, Path]], bool]:
     """(file, base folder) pairs; folders are searched recursively. Returns (pairs, folder_mode)."""
+    from .files import check_input_file
+
     pairs, folder_mode = [], len(inputs) > 1
     for p in inputs:
         if p.is_dir():
@@ -127,10 +129,8 @@ def _expand_inputs(inputs: List[Path], suffixes: set[str]) -> tuple[list[tuple[P
             if not found:
                 raise SpemusicError(f"{p}: no {'/'.join(sorted(suffixes))} files found")
             pairs += [(f, p) for f in found]
-        elif p.exists():
-            pairs.append((p, p.parent))
         else:
-            raise SpemusicError(f"{p}: no such file or folder")
+            pairs.append((check_input_file(p, missing="no such file or folder"), p.parent))
     return pairs, folder_mode
 
 
@@ -210,13 +210,13 @@ def tokenize(
     spemusic tokenize ../shared/data/pop909/001.mid --beats ../shared/data/pop909/beats/001.txt -o 001.txt
     """
     from .data import BEAT_SUFFIXES, CHORD_SUFFIXES, find_annotation
-    from .files import write_output
+    from .files import check_input_file, write_output
     from .tokenizer import REMITokenizer, TokenizerConfig
 
     tok = REMITokenizer(TokenizerConfig(chords=True))  # Chord tokens where an annotation or chord markers give them
     for given, what in ((beats, "--beats"), (chords, "--chords")):
-        if given is not None and not given.exists():
-            raise SpemusicError(f"{given}: no such file or folder ({what})")
+        if given is not None and not given.is_dir():
+            check_input_file(given, missing=f"no such file or folder ({what})")
 
     def annotation(src: Path, given: Optional[Path], suffixes) -> Optional[Path]:
         if given is None or given.is_file():
@@ -347,20 +347,18 @@ def detokenize(
             ids = tok.tokens_to_ids([t for _, t in numbered])
         except (ValueError, KeyError) as e:
             raise SpemusicError(f"{src}: {e}") from None
-        score = tok.decode_to_score(ids, "layers")
         # every note has one Pitch token: fewer notes means the decoder skipped some (a Pitch
         # without its Program, Velocity or Duration); say so, and where the tokens first leave the
         # grammar, rather than drop them silently
         pitches = int(np.count_nonzero((ids >= pitch_lo) & (ids < pitch_hi)))
-        notes = sum(len(t.notes) for t in score.tracks)
+        notes = tok.count_notes(ids)
         if notes < pitches:
             bad = grammar.first_violation(ids)
             where = (f"; the tokens first leave the REMI grammar at line {numbered[bad][0]} ({numbered[bad][1]})"
                      if bad is not None else "")
             err.print(f"[yellow]warning:[/] {escape(str(src))}: {pitches - notes} of {pitches} notes could not be "
                       f"formed and are skipped{escape(where)}", highlight=False)
-        if not keep_overlaps:
-            score = tok.decode_to_score(ids, "trim")
+        score = tok.decode_to_score(ids, "layers" if keep_overlaps else "trim")
         write_output(score.dumps_midi(), dest)
 
     _convert_many(inputs, output, {".txt"}, ".mid", convert, "detokenized", overwrite)
@@ -558,6 +556,9 @@ def _read_toml(path: Path) -> dict:
         import tomllib
     except ImportError:  # Python 3.10
         import tomli as tomllib
+    from .files import check_input_file
+
+    check_input_file(path, missing="no such config file")  # a named pipe would block the read forever
     try:
         options = tomllib.loads(path.read_text())
     except FileNotFoundError:

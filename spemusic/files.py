@@ -1,13 +1,42 @@
-"""Output files: checked before any work is done, then written atomically (a temporary file in
-the same folder, then os.replace), so a reader (or a kill) never sees a half-written file."""
+"""Input files: checked to be regular files before they are opened. Output files: checked before
+any work is done, then written atomically (a temporary file in the same folder, then os.replace),
+so a reader (or a kill) never sees a half-written file."""
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
 import tempfile
 from pathlib import Path
 
 from .errors import SpemusicError
+
+_SPECIAL_FILES = ((stat.S_ISFIFO, "a named pipe (FIFO)"), (stat.S_ISSOCK, "a socket"),
+                  (stat.S_ISCHR, "a device"), (stat.S_ISBLK, "a device"))
+
+
+def check_input_file(path: str | Path, missing: str = "no such file", error: type = SpemusicError) -> Path:
+    """Refuse, before opening it, an input that is not a regular file (a link to one is fine): a
+    named pipe or a device would block the read forever, and a missing file, a dangling link, a
+    link loop or a folder are each named for what they are."""
+    path = Path(path)
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        if path.is_symlink():
+            raise error(f"{path}: a symbolic link to {os.readlink(path)}, which does not exist") from None
+        raise error(f"{path}: {missing}") from None
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise error(f"{path}: a loop of symbolic links (it never reaches a file)") from None
+        raise error(f"{path}: cannot read ({e.strerror})") from None
+    if stat.S_ISDIR(mode):
+        raise error(f"{path}: is a folder, not a file")
+    for test, kind in _SPECIAL_FILES:
+        if test(mode):
+            raise error(f"{path}: is {kind}, not a regular file")
+    return path
 
 
 def check_output_file(path: str | Path, overwrite: bool = True, option: str = "") -> Path:

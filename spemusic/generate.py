@@ -10,7 +10,7 @@ import miditoolkit
 import numpy as np
 
 from .errors import MidiError, SpemusicError
-from .files import check_output_file, check_output_folder, names_new_folder
+from .files import check_input_file, check_output_file, check_output_folder, names_new_folder
 from .grammar import REMIGrammar
 from .tokenizer import REMITokenizer
 
@@ -101,11 +101,9 @@ def load_prompt(path: Path, tokenizer: REMITokenizer, prompt_bars: int | None = 
     annotated ones and the new bars start on the beat grid where the last annotated bar ends.
     `prompt_bars`: the first N bars of music (leading empty bars not counted); `from_bar`: the
     file's bars 1 to N, as a score editor numbers them."""
-    path = Path(path)
-    if not path.exists():
-        raise SpemusicError(f"{path}: no such file")
-    if path.is_dir():
-        raise SpemusicError(f"{path}: is a folder, not a MIDI file")
+    path = check_input_file(path)  # a named pipe would block the read forever
+    if beats is not None:
+        check_input_file(beats)
     beat_map = None
     if beats is not None:
         ids, beat_map = tokenizer.encode_on_beats(path, beats)

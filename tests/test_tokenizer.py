@@ -579,7 +579,7 @@ def test_bad_inputs(tmp_path, midi_factory):
     noteless = midi_factory("noteless.mid", notes=[])
     _bad(noteless, "no notes")
     _bad(tmp_path / "missing.mid", "no such file")
-    _bad(tmp_path, "directory")
+    _bad(tmp_path, "is a folder")
     with pytest.raises(MidiError, match="no notes"):
         import miditoolkit
 

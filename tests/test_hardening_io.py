@@ -1,0 +1,176 @@
+"""Hardening of inputs (issue 15): files that are not regular files, odd MIDI read by one policy
+in every command, token files that cost too much to decode, silent options, and a fuzz pass of
+generated odd MIDI files. Every odd file is built here, in code."""
+
+from __future__ import annotations
+
+import os
+import struct
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from spemusic.tokenizer import REMITokenizer
+
+
+# ----------------------------------------------------------------------------- raw MIDI bytes
+
+def vlq(n: int) -> bytes:
+    out = [n & 0x7F]
+    n >>= 7
+    while n:
+        out.append(0x80 | (n & 0x7F))
+        n >>= 7
+    return bytes(reversed(out))
+
+
+def chunk(kind: bytes, body: bytes) -> bytes:
+    return kind + struct.pack(">I", len(body)) + body
+
+
+def track(*events: bytes) -> bytes:
+    return chunk(b"MTrk", b"".join(events) + b"\x00\xff\x2f\x00")
+
+
+def header(fmt: int = 0, tracks: int = 1, tpq: int = 480) -> bytes:
+    return chunk(b"MThd", struct.pack(">HHH", fmt, tracks, tpq))
+
+
+def notes(n: int = 8, dt: int = 480) -> bytes:
+    return b"".join(b"\x00\x90" + bytes([60 + i % 12, 100]) + vlq(dt) + b"\x80" + bytes([60 + i % 12, 0])
+                    for i in range(n))
+
+
+def tempo(mspq: int) -> bytes:
+    return b"\x00\xff\x51\x03" + mspq.to_bytes(3, "big")
+
+
+def timesig(num: int, den_exp: int) -> bytes:
+    return b"\x00\xff\x58\x04" + bytes([num, den_exp, 24, 8])
+
+
+def write(path: Path, data: bytes) -> Path:
+    path.write_bytes(data)
+    return path
+
+
+def one_line_error(code: int, err: str) -> None:
+    assert code == 1, err
+    assert "Traceback" not in err, err
+    assert len(err.strip().splitlines()) == 1, err
+
+
+# ----------------------------------------------------------------------------- 14: not a regular file
+
+@pytest.fixture
+def unblocked_fifo(tmp_path):
+    """A FIFO maker whose FIFOs a helper thread keeps opening for writing, so that a command
+    that opens one for reading gets an empty file instead of blocking the test forever."""
+    stop = threading.Event()
+    fifos: list[Path] = []
+
+    def unblock():
+        while not stop.is_set():
+            for f in fifos:
+                try:
+                    os.close(os.open(f, os.O_WRONLY | os.O_NONBLOCK))
+                except OSError:  # no reader: nothing to unblock
+                    pass
+            time.sleep(0.05)
+
+    thread = threading.Thread(target=unblock, daemon=True)
+    thread.start()
+
+    def make(name: str) -> Path:
+        path = tmp_path / name
+        os.mkfifo(path)
+        fifos.append(path)
+        return path
+
+    yield make
+    stop.set()
+    thread.join()
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="named pipes need a POSIX system")
+def test_a_named_pipe_is_refused_not_read(run_cli, unblocked_fifo, tiny_checkpoint, tmp_path):
+    mid, txt = unblocked_fifo("x.mid"), unblocked_fifo("x.txt")
+    for args in (["tokenize", mid, "-o", tmp_path / "a.txt"],
+                 ["continue", mid, "--model", tiny_checkpoint, "--length", 16, "-o", tmp_path / "b.mid"],
+                 ["eval", "--metrics", mid],
+                 ["detokenize", txt, "-o", tmp_path / "c.mid"],
+                 ["render", mid, "-o", tmp_path / "d.wav"],
+                 ["tokenize", write(tmp_path / "ok.mid", header() + track(notes())), "--beats", txt,
+                  "-o", tmp_path / "e.txt"]):
+        code, _, err = run_cli(*args)
+        one_line_error(code, err)
+        assert "named pipe (FIFO), not a regular file" in err, (args, err)
+    assert not any(p.name[0] in "abcde" for p in tmp_path.iterdir())
+
+
+# ----------------------------------------------------------------------------- 18: links that mislead
+
+def test_a_symlink_loop_and_a_dangling_link_say_what_they_are(run_cli, tiny_checkpoint, tmp_path):
+    (tmp_path / "loop1.mid").symlink_to(tmp_path / "loop2.mid")
+    (tmp_path / "loop2.mid").symlink_to(tmp_path / "loop1.mid")
+    (tmp_path / "dangling.mid").symlink_to(tmp_path / "gone.mid")
+    for name, words in (("loop1.mid", "a loop of symbolic links"), ("dangling.mid", "which does not exist")):
+        path = tmp_path / name
+        for args in (["tokenize", path], ["eval", "--metrics", path],
+                     ["continue", path, "--model", tiny_checkpoint, "--length", 16]):
+            code, _, err = run_cli(*args)
+            one_line_error(code, err)
+            assert words in err and "no such file" not in err, (args, err)
+
+
+# ----------------------------------------------------------------------------- 15: linear decoding
+
+def test_detokenize_of_many_identical_notes_is_linear(run_cli, tmp_path):
+    def token_file(n: int) -> Path:
+        path = tmp_path / f"same{n}.txt"
+        path.write_text("\n".join(["BOS", "Bar", "TimeSig_4/4", "Position_0", "Tempo_10"]
+                                  + ["Program_0", "Pitch_60", "Velocity_20", "Duration_5"] * n + ["EOS"]) + "\n")
+        return path
+
+    big = token_file(240_000)  # 10 MB: had not finished after 120 s
+    t0 = time.perf_counter()
+    code, _, err = run_cli("detokenize", big, "-o", tmp_path / "big.mid")
+    assert code == 0, err
+    assert time.perf_counter() - t0 < 30
+    import symusic
+
+    score = symusic.Score(str(tmp_path / "big.mid"))  # the later of identical notes ends the earlier: one
+    assert sum(len(t.notes) for t in score.tracks) == 1
+    # keeping the overlaps would need a track per note, more than a MIDI header can count
+    code, _, err = run_cli("detokenize", big, "-o", tmp_path / "layers.mid", "--keep-overlaps")
+    one_line_error(code, err)
+    assert "more than a MIDI file can hold (65,535)" in err and not (tmp_path / "layers.mid").exists()
+    code, _, err = run_cli("detokenize", token_file(20_000), "-o", tmp_path / "layers.mid", "--keep-overlaps")
+    assert code == 0, err
+    score = symusic.Score(str(tmp_path / "layers.mid"))
+    assert len(score.tracks) == 20_000 and all(len(t.notes) == 1 for t in score.tracks)
+
+
+def test_layers_are_the_lowest_free_one(monkeypatch):
+    """The heap-based layer assignment gives what the plain rule gives: each note takes the lowest
+    layer of its program and pitch that is free at its onset."""
+    rng = np.random.default_rng(0)
+    n = 3000
+    step, dur = rng.integers(0, 400, n), rng.integers(1, 60, n)
+    pitch, prog = rng.integers(60, 63, n), rng.choice([0, 5, 128], n)
+    layer = REMITokenizer._layers(step, dur, pitch, prog)
+    end = step + np.where(prog == 128, 1, dur)
+    expected = np.zeros(n, dtype=np.int64)
+    for key in set(zip(prog.tolist(), pitch.tolist())):
+        ends: list[int] = []
+        idx = [i for i in np.lexsort((step, prog * 128 + pitch)) if (prog[i], pitch[i]) == key]
+        for i in idx:
+            li = next((j for j, e in enumerate(ends) if e <= step[i]), len(ends))
+            if li == len(ends):
+                ends.append(0)
+            ends[li] = end[i]
+            expected[i] = li
+    assert (layer == expected).all() and layer.max() > 3
