@@ -227,7 +227,10 @@ def tokenize(
         return find_annotation(given, src.name, suffixes)
 
     def convert(src: Path, dest: Path) -> None:
-        ids = tok.encode(src, beats=annotation(src, beats, BEAT_SUFFIXES), chords=annotation(src, chords, CHORD_SUFFIXES))
+        ids, stats = tok.encode_with_stats(src, beats=annotation(src, beats, BEAT_SUFFIXES),
+                                           chords=annotation(src, chords, CHORD_SUFFIXES))
+        for warning in stats["warnings"]:  # what the reader policy skipped or clipped
+            err.print(f"[yellow]warning:[/] {escape(str(src))}: {escape(warning)}", highlight=False)
         lines = []
         for i, name in zip(ids.tolist(), tok.ids_to_tokens(ids)):
             meaning = tok.describe(i)  # what the bin means, after the token: readers take the first field

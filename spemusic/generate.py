@@ -12,7 +12,7 @@ import numpy as np
 from .errors import MidiError, SpemusicError
 from .files import check_input_file, check_output_file, check_output_folder, names_new_folder
 from .grammar import REMIGrammar
-from .tokenizer import REMITokenizer
+from .tokenizer import REMITokenizer, read_midi
 
 
 def output_paths(out: str | Path, num: int, overwrite: bool) -> list[Path]:
@@ -109,15 +109,8 @@ def load_prompt(path: Path, tokenizer: REMITokenizer, prompt_bars: int | None = 
         ids, beat_map = tokenizer.encode_on_beats(path, beats)
     else:
         ids = tokenizer.encode(path)  # raises MidiError with the reason for corrupt/empty/note-less files
-    warnings = []
-    try:
-        midi = miditoolkit.MidiFile(str(path))
-    except Exception as e:  # noqa: BLE001
-        if "data byte must be in range" not in str(e):
-            raise MidiError(f"{path}: cannot read MIDI ({str(e).splitlines()[0][:100]})") from None
-        # one out-of-range byte (a controller value of 168, say) should not cost the whole song
-        midi = miditoolkit.MidiFile(str(path), clip=True)
-        warnings.append(_clipped_values(path))
+    score, warnings = read_midi(path)  # what tokenize skips or clips, continue skips or clips and says
+    midi = _prompt_midi(path, score, warnings)
     ids = ids[:-1] if ids[-1] == tokenizer.eos_id else ids
     bar_idx = np.flatnonzero(ids == tokenizer.bar_id)
     starts = bar_start_beats(ids, tokenizer)
@@ -174,20 +167,19 @@ def load_prompt(path: Path, tokenizer: REMITokenizer, prompt_bars: int | None = 
     return prompt
 
 
-def _clipped_values(path: Path) -> str:
-    """A plain sentence on the data bytes above 127 of a file (read leniently by symusic)."""
-    from .tokenizer import read_score
-
-    score = read_score(path)
-    bad = sorted((c.time, f"controller {c.number} value {c.value}") for t in score.tracks for c in t.controls
-                 if c.value > 127)
-    bad += sorted((n.time, f"note {n.pitch} velocity {n.velocity}") for t in score.tracks for n in t.notes
-                  if n.velocity > 127)
-    if not bad:
-        return "data bytes outside 0-127 clipped to 127"
-    tick, what = min(bad)
-    more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
-    return f"{what} outside 0-127, clipped to 127, at tick {tick}{more}"
+def _prompt_midi(path: Path, score, warnings: list[str]) -> miditoolkit.MidiFile:
+    """The prompt file as miditoolkit reads it (its events go into the output as they are), or,
+    where the reader policy skipped or clipped something (which miditoolkit refuses: a tempo of
+    0, a data byte of 200) or miditoolkit fails, the file as the policy read it."""
+    if not warnings:
+        try:
+            return miditoolkit.MidiFile(str(path))
+        except Exception:  # noqa: BLE001 - mido's own limits (65,535 empty tracks): read it as tokenize does
+            pass
+    try:
+        return miditoolkit.MidiFile(file=io.BytesIO(score.dumps_midi()))
+    except Exception as e:  # noqa: BLE001
+        raise MidiError(f"{path}: cannot read MIDI ({str(e).splitlines()[0][:100]})") from None
 
 
 def _one_beat_bars(ids: np.ndarray, tokenizer: REMITokenizer) -> bool:

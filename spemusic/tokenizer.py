@@ -94,6 +94,7 @@ import heapq
 import json
 import math
 import os
+import re
 from dataclasses import asdict, dataclass, fields
 from fractions import Fraction
 from typing import Any, Iterable
@@ -122,9 +123,10 @@ _K_SPECIAL, _K_BAR, _K_TS, _K_POS, _K_TEMPO, _K_PROG, _K_PITCH, _K_VEL, _K_DUR, 
 DRUMS = 128  # program code of drum notes
 
 
-def read_score(path) -> symusic.Score:
-    """A MIDI file as a symusic Score in ticks; a missing, empty, non-MIDI or corrupt file is a
-    MidiError naming the file and the reason."""
+def read_midi(path) -> tuple[symusic.Score, list[str]]:
+    """A MIDI file as a symusic Score in ticks, read by the reader policy (see :func:`_policy`),
+    and what the policy skipped or clipped, in plain sentences; a missing, empty, non-MIDI or
+    corrupt file is a MidiError naming the file and the reason. Every command reads MIDI here."""
     name = str(path)
     check_input_file(path, error=MidiError)  # a named pipe would block the read forever
     try:
@@ -133,6 +135,11 @@ def read_score(path) -> symusic.Score:
     except OSError as e:
         raise MidiError(f"{name}: cannot read ({_one_line(e.strerror or e)})") from None
     return REMITokenizer._parse_bytes(data, name)
+
+
+def read_score(path) -> symusic.Score:
+    """read_midi without its warnings."""
+    return read_midi(path)[0]
 
 
 class TokenError(MidiError, ValueError):
@@ -273,6 +280,128 @@ def _truncation(data: bytes) -> str:
     return ""
 
 
+# meta events symusic reads, and the bytes each holds: one declaring fewer is read on into the
+# next events' bytes (a 1-byte tempo became 130 BPM, made up of the following note-on)
+_META_SIZES = {0x51: ("tempo", 3), 0x58: ("time signature", 4), 0x59: ("key signature", 2)}
+_SHORT_META = re.compile(rb"\xff\x51[\x00-\x02]|\xff\x58[\x00-\x03]|\xff\x59[\x00\x01]")
+
+
+def _vlq(data: bytes, i: int, end: int) -> tuple[int, int]:
+    """A variable-length quantity at data[i:end]: (value, index after it)."""
+    value = 0
+    for _ in range(4):
+        if i >= end:
+            break
+        b = data[i]
+        value, i = (value << 7) | (b & 0x7F), i + 1
+        if b < 0x80:
+            break
+    return value, i
+
+
+def _skip_short_meta(data: bytes) -> tuple[bytes, list[str]]:
+    """The file with each tempo, time or key signature shorter than its kind turned into a
+    sequencer-specific event (which readers skip), and a sentence per kind. Only a file where
+    such bytes may occur is walked event by event (a regular expression finds none in others)."""
+    if not _SHORT_META.search(data):
+        return data, []
+    out, found = bytearray(data), {}
+    pos, track = 8 + int.from_bytes(data[4:8], "big"), 0
+    while pos + 8 <= len(data):
+        kind, end = data[pos:pos + 4], min(len(data), pos + 8 + int.from_bytes(data[pos + 4:pos + 8], "big"))
+        i, tick, status = pos + 8, 0, 0
+        track += kind == b"MTrk"
+        while kind == b"MTrk" and i < end:
+            delta, i = _vlq(data, i, end)
+            tick += delta
+            if i >= end:
+                break
+            b = data[i]
+            if b == 0xFF and i + 1 < end:  # meta: type, length, bytes
+                length, j = _vlq(data, i + 2, end)
+                what, size = _META_SIZES.get(data[i + 1], ("", 0))
+                if length < size:
+                    out[i + 1] = 0x7F
+                    found.setdefault(what, []).append((tick, track, length, size))
+                i = j + length
+            elif b in (0xF0, 0xF7):  # system exclusive: length, bytes
+                length, j = _vlq(data, i + 1, end)
+                i = j + length
+            elif b < 0xF0 and (b >= 0x80 or status):  # a channel message, or its running status
+                status, i = (b, i + 1) if b >= 0x80 else (status, i)
+                i += 1 if status >> 4 in (0xC, 0xD) else 2
+            else:  # bytes no reader can follow: leave the rest of this track to symusic
+                break
+        pos += 8 + int.from_bytes(data[pos + 4:pos + 8], "big")
+    notes = []
+    for what, events in found.items():
+        tick, track, length, size = events[0]
+        more = f" (and {len(events) - 1} more)" if len(events) > 1 else ""
+        notes.append(f"a {what} event of {length} byte{'s' * (length != 1)} (it needs {size}) at tick {tick} of "
+                     f"track {track} is skipped{more}")
+    return bytes(out), notes
+
+
+def _first(what: str, ticks, more: int) -> str:
+    return f"{what} at tick {int(ticks)}" + (f" (and {more} more)" if more else "")
+
+
+def _policy(score: symusic.Score) -> list[str]:
+    """The reader policy, in place: what MIDI cannot mean is skipped or clipped, and said, so that
+    every command reads a file the same way. A tempo of 0 microseconds per beat, a time signature
+    with a numerator or denominator of 0 and a key signature beyond 7 sharps or flats are skipped;
+    data bytes above 127 (symusic keeps them: a pitch of 200 reads -56) are clipped to 127 (a pitch
+    bend to its range)."""
+    notes = []
+    bad = [t for t in score.tempos if t.mspq <= 0]
+    if bad:
+        notes.append(_first("a tempo of 0 microseconds per beat", bad[0].time, len(bad) - 1) + " is skipped")
+        score.tempos = [t for t in score.tempos if t.mspq > 0]
+    bad = [t for t in score.time_signatures if t.numerator == 0 or t.denominator == 0]
+    if bad:
+        notes.append(_first(f"time signature {bad[0].numerator}/{bad[0].denominator}", bad[0].time, len(bad) - 1)
+                     + " is skipped")
+        score.time_signatures = [t for t in score.time_signatures if t.numerator and t.denominator]
+    bad = [k for k in score.key_signatures if not -7 <= k.key <= 7 or k.tonality not in (0, 1)]
+    if bad:
+        k = bad[0]
+        what = f"a key signature of {abs(k.key)} {'sharps' if k.key >= 0 else 'flats'}" if not -7 <= k.key <= 7 else \
+            f"a key signature in mode {k.tonality} (0 is major, 1 minor)"
+        notes.append(_first(what, k.time, len(bad) - 1) + " is skipped")
+        score.key_signatures = [k for k in score.key_signatures if -7 <= k.key <= 7 and k.tonality in (0, 1)]
+    clipped = []  # (tick, what was done) for every data byte above 127
+    for tr in score.tracks:
+        if tr.program > 127:
+            clipped.append((0, f"program {tr.program} outside 0-127, clipped to 127"))
+            tr.program = 127
+        a = tr.notes.numpy()
+        wrong = (a["pitch"] < 0) | (a["velocity"] < 0)  # int8: a byte of 128-255 reads negative
+        if wrong.any():
+            j = int(np.flatnonzero(wrong)[0])
+            what = f"note {int(a['pitch'][j]) % 256} velocity {int(a['velocity'][j]) % 256} outside 0-127, clipped to 127"
+            clipped += [(int(a["time"][j]), what)] * int(wrong.sum())
+            pitch = np.where(a["pitch"] < 0, 127, a["pitch"]).astype(np.int8)
+            vel = np.where(a["velocity"] < 0, 127, a["velocity"]).astype(np.int8)
+            tr.notes = symusic.Note.from_numpy(a["time"], a["duration"], pitch, vel, ttype="tick")
+        c = tr.controls.numpy()
+        if ((c["number"] > 127) | (c["value"] > 127)).any():  # (one look in numpy; a loop only where needed)
+            for c in tr.controls:
+                if c.number > 127 or c.value > 127:
+                    clipped.append((c.time, f"controller {c.number} value {c.value} outside 0-127, clipped to 127"))
+                    c.number, c.value = min(c.number, 127), min(c.value, 127)
+        b = tr.pitch_bends.numpy()["value"]
+        if ((b < -8192) | (b > 8191)).any():
+            for b in tr.pitch_bends:
+                if not -8192 <= b.value <= 8191:
+                    clipped.append((b.time, f"pitch bend {b.value} outside -8192-8191 (a data byte above 127), clipped"))
+                    b.value = min(max(b.value, -8192), 8191)
+    if clipped:
+        tick, what = min(clipped)
+        more = f" (and {len(clipped) - 1} more)" if len(clipped) > 1 else ""
+        notes.append(f"{what}, at tick {tick}{more}")
+    return notes
+
+
 def _one_line(msg: str, limit: int = 160) -> str:
     msg = " ".join(str(msg).split())
     for junk in ("MiniMidi: ", ": iostream error"):
@@ -288,7 +417,7 @@ def _round_div(a: np.ndarray, num: int, den: int) -> np.ndarray:
 
 class _Parsed:
     __slots__ = ("name", "tpq", "time", "dur", "pitch", "vel", "prog", "tempo_time", "tempo_qpm", "ts_time", "ts_num", "ts_den",
-                 "chord_marks")
+                 "chord_marks", "warnings")
 
 
 class REMITokenizer:
@@ -463,24 +592,28 @@ class REMITokenizer:
 
     # ------------------------------------------------------------------ reading
     def _read(self, midi) -> _Parsed:
-        name = "<midi>"
+        name, warnings = "<midi>", []
         if isinstance(midi, (str, os.PathLike)):
             name = str(midi)
-            score = read_score(midi)
+            score, warnings = read_midi(midi)
         elif isinstance(midi, (bytes, bytearray, memoryview)):
             name = "<bytes>"
-            score = self._parse_bytes(bytes(midi), name)
+            score, warnings = self._parse_bytes(bytes(midi), name)
         elif isinstance(midi, symusic.Score):
             name = "<symusic.Score>"
             score = midi if midi.ttype == "Tick" or str(midi.ttype).lower().endswith("tick") else midi.to("tick")
         elif type(midi).__module__.startswith("miditoolkit"):
-            return self._from_miditoolkit(midi)
+            p = self._from_miditoolkit(midi)
+            p.warnings = []
+            return p
         else:
             raise TypeError(f"cannot encode a {type(midi).__name__}; pass a path, bytes, a miditoolkit.MidiFile or a symusic.Score")
-        return self._from_score(score, name)
+        p = self._from_score(score, name)
+        p.warnings = warnings
+        return p
 
     @staticmethod
-    def _parse_bytes(data: bytes, name: str) -> symusic.Score:
+    def _parse_bytes(data: bytes, name: str) -> tuple[symusic.Score, list[str]]:
         if len(data) == 0:
             raise MidiError(f"{name}: empty file")
         if not data.startswith(b"MThd"):
@@ -490,10 +623,12 @@ class REMITokenizer:
         problem = _truncation(data)
         if problem:
             raise MidiError(f"{name}: corrupt MIDI file ({problem})")
+        data, notes = _skip_short_meta(data)
         try:
-            return symusic.Score.from_midi(data)
+            score = symusic.Score.from_midi(data)
         except Exception as e:  # symusic raises RuntimeError/ValueError with a C++ message
             raise MidiError(f"{name}: corrupt MIDI file ({_one_line(e)})") from None
+        return score, notes + _policy(score)
 
     def _from_score(self, score: symusic.Score, name: str) -> _Parsed:
         p = _Parsed()
@@ -580,11 +715,12 @@ class REMITokenizer:
         max_onset_error_ticks (in the file's ticks), ticks_per_beat, bars,
         tokens, ts_changes_moved (off-bar changes moved to a bar line),
         tempos_clipped (tempo events outside tempo_min..tempo_max), chord_changes (Chord tokens
-        written); with beats: beat_bars (bars by the annotation), max_onset_error_beats and
+        written), warnings (what the reader policy skipped or clipped, as sentences); with beats: beat_bars (bars by the annotation), max_onset_error_beats and
         max_onset_error_seconds (a note's onset on the grid against the original, in beats and
         in seconds; max_onset_error_ticks is then in beat_resolution * 40 ticks per beat).
         """
         p = self._read(midi)
+        warnings = p.warnings
         beat_map = None
         if beats is not None:
             original_time = p.time
@@ -611,6 +747,7 @@ class REMITokenizer:
             stats["max_onset_error_beats"] = float(np.abs(step / res - orig_beats).max())
             stats["max_onset_error_seconds"] = float(err_sec.max())
             stats["beat_bars"] = stats["bars"]
+        stats["warnings"] = warnings
         return ids, stats
 
     def encode_on_beats(self, midi, beats) -> tuple[np.ndarray, BeatMap]:

@@ -174,3 +174,55 @@ def test_layers_are_the_lowest_free_one(monkeypatch):
             ends[li] = end[i]
             expected[i] = li
     assert (layer == expected).all() and layer.max() > 3
+
+
+# ----------------------------------------------------------------------------- 19: one reader policy
+
+ODD_FILES = {  # name: (bytes, what tokenize and continue both say)
+    "tempo0": (header() + track(tempo(0), notes()), "a tempo of 0 microseconds per beat at tick 0 is skipped"),
+    "short-tempo": (header() + track(b"\x00\xff\x51\x01\x07", notes()),
+                    "a tempo event of 1 byte (it needs 3) at tick 0 of track 1 is skipped"),
+    "short-timesig": (header() + track(b"\x00\xff\x58\x01\x04", notes()),
+                      "a time signature event of 1 byte (it needs 4) at tick 0 of track 1 is skipped"),
+    "timesig-0-0": (header() + track(timesig(0, 0), notes()), "time signature 0/1 at tick 0 is skipped"),
+    "key-20-sharps": (header() + track(b"\x00\xff\x59\x02\x14\x00", notes()),
+                      "a key signature of 20 sharps at tick 0 is skipped"),
+    "velocity-200": (header() + track(b"\x00\x90\x3c\xc8" + vlq(480) + b"\x80\x3c\x00", notes()),
+                     "note 60 velocity 200 outside 0-127, clipped to 127, at tick 0"),
+    "program-200": (header() + track(b"\x00\xc0\xc8", notes()), "program 200 outside 0-127, clipped to 127"),
+    "65535-tracks": (header(1, 65535) + track(notes()) + track() * 65534, None),  # mido: "max() arg is an empty sequence"
+}
+
+
+@pytest.mark.parametrize("name", ODD_FILES)
+def test_tokenize_and_continue_read_odd_midi_by_one_policy(name, run_cli, tiny_checkpoint, tmp_path):
+    data, said = ODD_FILES[name]
+    odd = write(tmp_path / f"{name}.mid", data)
+    code, _, err = run_cli("tokenize", odd, "-o", tmp_path / "odd.txt")
+    assert code == 0 and "Traceback" not in err, err
+    if said:
+        assert f"warning: {odd}: {said}" in " ".join(err.split())
+    code, _, err_c = run_cli("continue", odd, "--model", tiny_checkpoint, "--length", 16, "-o", tmp_path / "c.mid")
+    assert code == 0 and "Traceback" not in err_c, err_c
+    if said:
+        assert f"warning: {odd}: {said}" in " ".join(err_c.split())
+    import miditoolkit
+
+    assert miditoolkit.MidiFile(str(tmp_path / "c.mid")).instruments  # the output is MIDI any reader takes
+
+
+def test_a_short_tempo_is_not_read_from_the_next_event(tmp_path):
+    """symusic read a 1-byte tempo on into the note-on after it: 130 BPM, made up."""
+    tok = REMITokenizer()
+    odd = tok.encode(write(tmp_path / "odd.mid", header() + track(b"\x00\xff\x51\x01\x07", notes())))
+    plain = tok.encode(write(tmp_path / "plain.mid", header() + track(notes())))
+    assert (odd == plain).all()
+
+
+def test_a_missing_track_is_one_error_in_both(run_cli, tiny_checkpoint, tmp_path):
+    cut = write(tmp_path / "cut.mid", header(1, 65535) + track(notes()))
+    for args in (["tokenize", cut, "-o", tmp_path / "x.txt"],
+                 ["continue", cut, "--model", tiny_checkpoint, "--length", 16, "-o", tmp_path / "x.mid"]):
+        code, _, err = run_cli(*args)
+        one_line_error(code, err)
+        assert "truncated: 1 of its 65535 tracks" in err
