@@ -518,6 +518,7 @@ def train(
     from .train import TrainConfig, train as run_training
 
     _set_threads(threads)
+    _check_model_names(init_from, option="--init-from")
 
     given = {k: (v.value if isinstance(v, Enum) else v) for k, v in dict(
         preset=preset, pe=pe, gated=gated, attention=attention, seq_len=seq_len, batch_size=batch_size,
@@ -579,6 +580,33 @@ def _read_toml(path: Path) -> dict:
 
 
 # ----------------------------------------------------------------------------- generate / continue
+
+def _check_model_names(*names: Optional[str], option: str = "--model") -> None:
+    """Model names as given: an empty one is refused (it silently meant pop-piano), and a
+    $SPEMUSIC_CHECKPOINTS that holds no model (missing, a file, /proc) is said, not ignored."""
+    import os
+
+    from .checkpoint import WEIGHTS
+
+    for name in names:
+        if name is not None and not name.strip():
+            raise SpemusicError(f"{option} {name!r}: give a model name (spemusic models lists them) or a checkpoint path")
+    value = os.environ.get("SPEMUSIC_CHECKPOINTS")
+    if not value:
+        return
+    folder = Path(value)
+    try:
+        problem = ("no such folder" if not folder.exists() else "not a folder" if not folder.is_dir() else
+                   "is a checkpoint itself; point it at the folder that holds checkpoint folders"
+                   if (folder / WEIGHTS).is_file() else
+                   None if any((d / sub / WEIGHTS).is_file() for d in folder.iterdir() for sub in ("", "best", "last"))
+                   else "holds no spemusic model (a folder with model.safetensors, or a run folder)")
+    except OSError as e:
+        problem = f"cannot be read ({e.strerror})"
+    if problem:
+        err.print(f"[yellow]warning:[/] SPEMUSIC_CHECKPOINTS={escape(value)}: {problem}; only the shipped models are "
+                  "found", highlight=False)
+
 
 def _say_which_checkpoint(name_or_path) -> None:
     """A training run stands for its `best` checkpoint (else `last`): say which one is used."""
@@ -812,6 +840,7 @@ def _generate_or_continue(model_name, prompt_path, prompt_bars, length, bars, nu
     from .generate import count_bars, load_prompt, merge_continuation, midi_bytes, output_paths
     from .tokenizer import REMITokenizer
 
+    _check_model_names(model_name)
     if not 1 <= num <= MAX_PIECES:
         raise SpemusicError(f"--num must be between 1 and {MAX_PIECES} (got {num}); run several times for more")
     if seed is not None and not 0 <= seed < 2**63:
@@ -999,6 +1028,7 @@ def play(
         import secrets
 
         seed = secrets.randbelow(2**31)
+    _check_model_names(model)
     _set_threads(threads, 1)  # one recurrent step is too small to share between threads
     if midi_to_stdout:
         require_mido()
@@ -1068,6 +1098,7 @@ def models():
     """
     from .checkpoint import available_models, read_metadata
 
+    _check_model_names()
     found = available_models()
     if not found:
         err.print("no models installed")
@@ -1133,6 +1164,7 @@ def eval_(
     if split not in ("train", "valid", "test", "all"):
         raise SpemusicError(f"--split must be train, valid, test or all (got {split!r})")
     *model_names, data = args
+    _check_model_names(*model_names, option="MODEL")
     reports = []
     for name in model_names:
         model, tok, info = load_model(name, device=device, return_info=True)

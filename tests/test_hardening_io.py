@@ -226,3 +226,56 @@ def test_a_missing_track_is_one_error_in_both(run_cli, tiny_checkpoint, tmp_path
         code, _, err = run_cli(*args)
         one_line_error(code, err)
         assert "truncated: 1 of its 65535 tracks" in err
+
+
+# ----------------------------------------------------------------------------- 20: options that said nothing
+
+def test_an_empty_model_name_is_refused(run_cli, tmp_path):
+    ok = write(tmp_path / "ok.mid", header() + track(notes()))
+    for args in (["generate", "--model", "", "--length", 16, "-o", tmp_path / "g.mid"],
+                 ["continue", ok, "--model", " ", "--length", 16, "-o", tmp_path / "c.mid"],
+                 ["eval", "", ok],
+                 ["train", ok, "-o", tmp_path / "run", "--init-from", ""]):
+        code, _, err = run_cli(*args)
+        one_line_error(code, err)
+        assert "give a model name" in err, (args, err)
+    assert not (tmp_path / "g.mid").exists() and not (tmp_path / "run").exists()
+
+
+def test_a_checkpoint_folder_that_holds_no_model_is_said(run_cli, tmp_path, monkeypatch):
+    ok = write(tmp_path / "ok.mid", header() + track(notes()))
+    (tmp_path / "empty").mkdir()
+    for value, said in ((tmp_path / "missing", "no such folder"), (ok, "not a folder"), ("/proc", "holds no spemusic model"),
+                        (tmp_path / "empty", "holds no spemusic model")):
+        monkeypatch.setenv("SPEMUSIC_CHECKPOINTS", str(value))
+        code, out, err = run_cli("models")
+        assert code == 0 and "pop-piano" in out, err  # the shipped models are still there
+        assert f"warning: SPEMUSIC_CHECKPOINTS={value}: {said}" in " ".join(err.split()), err
+        assert len(err.strip().splitlines()) == 1
+
+
+def test_a_checkpoint_folder_with_models_says_nothing(run_cli, tiny_checkpoint, tmp_path, monkeypatch):
+    import shutil
+
+    shutil.copytree(tiny_checkpoint, tmp_path / "mine")
+    monkeypatch.setenv("SPEMUSIC_CHECKPOINTS", str(tmp_path))
+    code, out, err = run_cli("models")
+    assert code == 0 and "mine" in out and "warning" not in err, err
+
+
+# ----------------------------------------------------------------------------- 17: folder modes
+
+def test_a_folder_mode_that_writes_nothing_fails(run_cli, tmp_path):
+    bad, bad_txt = tmp_path / "bad", tmp_path / "bad_txt"
+    bad.mkdir()
+    bad_txt.mkdir()
+    write(bad / "a.mid", b"garbage")
+    write(bad / "b.mid", header(1, 2) + track(notes()))
+    (bad_txt / "a.txt").write_text("Foo_1\n")
+    (bad_txt / "b.txt").write_text("\n")
+    for args in (["tokenize", bad, "-o", tmp_path / "o1"], ["detokenize", bad_txt, "-o", tmp_path / "o2"],
+                 ["render", bad, "-o", tmp_path / "o3"], ["eval", "--metrics", bad]):
+        code, _, err = run_cli(*args)
+        assert code == 1 and "Traceback" not in err, (args, err)
+        assert err.strip().splitlines()[-1].startswith(("0 of 2 files written", "error:")), err
+    assert not any((tmp_path / o).exists() for o in ("o1", "o2", "o3"))
