@@ -274,6 +274,8 @@ def _truncation(data: bytes) -> str:
             return f"truncated: {found} of its {tracks} tracks"
         kind, length = data[pos:pos + 4], int.from_bytes(data[pos + 4:pos + 8], "big")
         if pos + 8 + length > len(data):
+            if not (kind.isascii() and kind.isalnum()):  # not a chunk name: a length before it is wrong
+                return f"no chunk at byte {pos:,}, where track {found + 1} of {tracks} should begin: a length before it is wrong"
             return f"truncated: a {kind.decode('latin-1')!r} chunk declares {length:,} bytes, {len(data) - pos - 8:,} remain"
         found += kind == b"MTrk"
         pos += 8 + length
@@ -366,7 +368,7 @@ def _policy(score: symusic.Score) -> list[str]:
     if bad:
         k = bad[0]
         what = f"a key signature of {abs(k.key)} {'sharps' if k.key >= 0 else 'flats'}" if not -7 <= k.key <= 7 else \
-            f"a key signature in mode {k.tonality} (0 is major, 1 minor)"
+            f"a key signature in mode {k.tonality % 256} (0 is major, 1 minor)"
         notes.append(_first(what, k.time, len(bad) - 1) + " is skipped")
         score.key_signatures = [k for k in score.key_signatures if -7 <= k.key <= 7 and k.tonality in (0, 1)]
     clipped = []  # (tick, what was done) for every data byte above 127

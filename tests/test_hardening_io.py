@@ -279,3 +279,36 @@ def test_a_folder_mode_that_writes_nothing_fails(run_cli, tmp_path):
         assert code == 1 and "Traceback" not in err, (args, err)
         assert err.strip().splitlines()[-1].startswith(("0 of 2 files written", "error:")), err
     assert not any((tmp_path / o).exists() for o in ("o1", "o2", "o3"))
+
+
+# ----------------------------------------------------------------------------- fuzz pass (a subset)
+
+def _fuzz_files():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("fuzz_midi", Path(__file__).resolve().parents[1] / "benchmarks" / "fuzz_midi.py")
+    fuzz = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fuzz)
+    return fuzz.odd_files()[::8]  # 36 of the 281 files of `python benchmarks/fuzz_midi.py`
+
+
+def test_fuzz_subset_gives_a_result_or_one_line_error(run_cli, tiny_checkpoint, tmp_path):
+    files = _fuzz_files()
+    assert len(files) >= 30
+    outcomes = {}
+    for i, (name, data) in enumerate(files):
+        path = write(tmp_path / f"{i:02d}-{name}.mid", data)
+        accepted = []
+        for args in (["tokenize", path, "-o", tmp_path / f"{i:02d}.txt"],
+                     ["continue", path, "--model", tiny_checkpoint, "--length", 32, "--seed", 0,
+                      "-o", tmp_path / f"{i:02d}-c.mid"],
+                     ["eval", "--metrics", path]):
+            code, _, err = run_cli(*args)  # an exception would fail the test: it is a traceback for a user
+            assert "Traceback" not in err, (name, args[0], err)
+            if code:
+                assert code in (1, 2) and err.strip().splitlines()[-1].startswith("error:"), (name, args[0], err)
+                assert sum(line.startswith("error:") for line in err.splitlines()) == 1, (name, args[0], err)
+            accepted.append(code == 0)
+            outcomes[accepted[-1]] = outcomes.get(accepted[-1], 0) + 1
+        assert accepted[0] == accepted[1], f"{name}: tokenize and continue read it differently"
+    assert outcomes.get(True) and outcomes.get(False)  # both kinds occur: the subset is not all of one sort
