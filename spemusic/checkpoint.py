@@ -13,16 +13,19 @@ a kill at any moment leaves the previous checkpoint intact.
 from __future__ import annotations
 
 import copy
+import errno
 import json
 import os
 import shutil
 from pathlib import Path
 
+import numpy as np
 import safetensors
 import safetensors.torch
 import torch
 
 from .errors import SpemusicError
+from .memory import available_memory
 from .model import ModelConfig, Performer
 from .tokenizer import REMITokenizer, TokenizerConfig
 
@@ -30,6 +33,8 @@ FORMAT = "spemusic"
 FORMAT_VERSION = "1"
 WEIGHTS = "model.safetensors"
 TRAINER = "trainer.pt"
+# what resuming reads from a trainer state
+TRAINER_KEYS = ("optimizer", "scheduler", "sampler_rng", "torch_rng", "step", "best_valid", "tokens", "elapsed")
 
 
 def shipped_checkpoint_dirs() -> list[Path]:
@@ -91,19 +96,48 @@ def run_checkpoint_used(name_or_path: str | Path) -> str | None:
 
 
 def read_metadata(weights: Path) -> dict:
+    """The metadata of a checkpoint's weights file as dicts (model_config, tokenizer_config, info),
+    not yet validated: see `validated_configs`."""
     try:
         with safetensors.safe_open(str(weights), framework="pt") as f:
             meta = f.metadata() or {}
     except Exception as e:  # noqa: BLE001 - any unreadable file is "not a checkpoint"
-        raise SpemusicError(f"{weights}: not a spemusic checkpoint ({str(e).splitlines()[0][:120]})") from None
+        reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e).splitlines()[0][:120]
+        raise SpemusicError(f"{weights}: not a spemusic checkpoint ({reason})") from None
     if meta.get("format") != FORMAT:
         raise SpemusicError(f"{weights}: not a spemusic checkpoint (safetensors file without spemusic metadata)")
     if meta.get("version") != FORMAT_VERSION:
         raise SpemusicError(f"{weights}: spemusic checkpoint format {meta.get('version')} is not supported")
     try:
-        return {k: json.loads(meta[k]) for k in ("model_config", "tokenizer_config", "info")}
-    except (KeyError, json.JSONDecodeError) as e:
+        parsed = {k: json.loads(meta[k]) for k in ("model_config", "tokenizer_config", "info")}
+    except KeyError as e:
+        raise SpemusicError(f"{weights}: broken spemusic checkpoint metadata (no {e.args[0]})") from None
+    except json.JSONDecodeError as e:
         raise SpemusicError(f"{weights}: broken spemusic checkpoint metadata ({e})") from None
+    for k, v in parsed.items():
+        if not isinstance(v, dict):
+            raise SpemusicError(f"{weights}: broken spemusic checkpoint metadata ({k} is not a mapping)")
+    return parsed
+
+
+def validated_configs(weights: Path, meta: dict) -> tuple[ModelConfig, REMITokenizer]:
+    """The model config and tokenizer a checkpoint asks for, every field's type and range checked
+    and the model's size weighed against the free memory, before anything is allocated: the
+    metadata of a checkpoint from elsewhere is not trusted. Errors name the file and the field."""
+    try:
+        model_cfg = ModelConfig.from_dict(meta["model_config"])
+        tok_cfg = TokenizerConfig.from_dict(meta["tokenizer_config"])
+    except (SpemusicError, TypeError) as e:  # TypeError: a field the dataclass does not know how to take
+        raise SpemusicError(f"{weights}: {e}") from None
+    need = 4 * model_cfg.size_estimate()  # fp32
+    free = available_memory("cpu")
+    if free is not None and need > free:
+        raise SpemusicError(f"{weights}: its model config asks for ~{model_cfg.size_estimate() / 1e6:,.0f}M parameters "
+                            f"(~{need / 2**30:,.1f} GB); {free / 2**30:,.1f} GB are free")
+    tokenizer = REMITokenizer(tok_cfg)
+    if model_cfg.vocab_size != len(tokenizer):
+        raise SpemusicError(f"{weights}: model vocabulary ({model_cfg.vocab_size}) does not match its tokenizer ({len(tokenizer)})")
+    return model_cfg, tokenizer
 
 
 def load_model(name_or_path: str | Path = "pop-piano", device: str | torch.device = "cpu",
@@ -114,24 +148,44 @@ def load_model(name_or_path: str | Path = "pop-piano", device: str | torch.devic
         raise SpemusicError("device cuda: no CUDA GPU is available")
     weights = resolve(name_or_path)
     meta = read_metadata(weights)
-    model_cfg = ModelConfig.from_dict(meta["model_config"])
-    tokenizer = REMITokenizer(TokenizerConfig.from_dict(meta["tokenizer_config"]))
-    if model_cfg.vocab_size != len(tokenizer):
-        raise SpemusicError(f"{weights}: model vocabulary ({model_cfg.vocab_size}) does not match its tokenizer ({len(tokenizer)})")
+    model_cfg, tokenizer = validated_configs(weights, meta)
     model = Performer(model_cfg)
     try:
         missing, unexpected = safetensors.torch.load_model(model, str(weights), strict=False)
     except Exception as e:  # noqa: BLE001
-        raise SpemusicError(f"{weights}: weights do not fit the model config ({str(e).splitlines()[0][:160]})") from None
+        raise SpemusicError(f"{weights}: weights do not fit the model config ({first_problem(e)})") from None
     if unexpected or any(not _is_tied(model, k) for k in missing):
         raise SpemusicError(f"{weights}: weights do not fit the model config (missing {sorted(missing)[:3]}, unexpected {sorted(unexpected)[:3]})")
     bad = next((k for k, v in model.state_dict().items() if v.is_floating_point() and not torch.isfinite(v).all()), None)
     if bad is not None:
         raise SpemusicError(f"{weights}: weights are not finite (NaN or infinity in {bad}): the run that saved them diverged")
     model.float().to(device).eval()
+    model.trained_tokens = _trained_tokens(weights, meta["info"], len(tokenizer))
     if return_info:
         return model, tokenizer, meta["info"]
     return model, tokenizer
+
+
+def _trained_tokens(weights: Path, info: dict, vocab_size: int):
+    """The vocabulary the model saw in training as a (V,) bool mask, or None (checkpoints from
+    before it was recorded): the sampler keeps to it."""
+    ids = info.get("trained_tokens")
+    if ids is None:
+        return None
+    if not isinstance(ids, list) or not all(isinstance(i, int) and 0 <= i < vocab_size for i in ids) or not ids:
+        raise SpemusicError(f"{weights}: broken spemusic checkpoint metadata (trained_tokens is not a list of token ids)")
+    mask = np.zeros(vocab_size, dtype=bool)
+    mask[ids] = True
+    return mask
+
+
+def first_problem(e: Exception) -> str:
+    """The first concrete line of an error: for load_state_dict, "size mismatch for tok.weight: …", not
+    its header ("Error(s) in loading state_dict for Performer:"); the error's type when it says nothing."""
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    if len(lines) > 1 and lines[0].endswith(":"):
+        lines = lines[1:]
+    return lines[0][:200] if lines else type(e).__name__
 
 
 def _is_tied(model: torch.nn.Module, key: str) -> bool:
@@ -167,12 +221,20 @@ def save_run_checkpoint(run_dir: Path, names: list[str], step: int, model: Perfo
     final = ckpt_root / f"step-{step:08d}"
     tmp = ckpt_root / f".tmp-step-{step:08d}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    write_weights(tmp / WEIGHTS, model, tokenizer_config, info)
-    torch.save(trainer_state, tmp / TRAINER)
-    for f in tmp.iterdir():  # data on disk before the rename makes it visible
-        with open(f, "rb") as fh:
-            os.fsync(fh.fileno())
+    try:
+        tmp.mkdir()
+        write_weights(tmp / WEIGHTS, model, tokenizer_config, info)
+        torch.save(trainer_state, tmp / TRAINER)
+        for f in tmp.iterdir():  # data on disk before the rename makes it visible
+            with open(f, "rb") as fh:
+                os.fsync(fh.fileno())
+    except Exception as e:  # noqa: BLE001 - torch and safetensors report a full disk in their own words
+        shutil.rmtree(tmp, ignore_errors=True)
+        kept = f"`last` still points at {(run_dir / 'last').resolve().name}" if (run_dir / "last").exists() else "no checkpoint was kept"
+        if _disk_full(e, ckpt_root, model):
+            raise SpemusicError(f"{ckpt_root}: no space left on device while saving step {step} (a checkpoint needs "
+                                f"~{_checkpoint_bytes(model) / 2**20:,.0f} MB); {kept}") from None
+        raise SpemusicError(f"{ckpt_root}: cannot save step {step} ({first_problem(e)}); {kept}") from None
     if final.exists():
         # same step saved again (e.g. best after last): keep the complete folder that is there
         shutil.rmtree(tmp)
@@ -185,6 +247,22 @@ def save_run_checkpoint(run_dir: Path, names: list[str], step: int, model: Perfo
         os.replace(link_tmp, run_dir / name)
     _remove_unreferenced(run_dir)
     return final
+
+
+def _checkpoint_bytes(model: torch.nn.Module) -> int:
+    """About what one run checkpoint takes: the weights and AdamW's two moments."""
+    return 3 * sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+def _disk_full(e: Exception, folder: Path, model: torch.nn.Module) -> bool:
+    """Whether a failed save ran out of space: ENOSPC where the error carries it, else (torch's
+    "unexpected pos", safetensors' wrapped I/O error) less room left than a checkpoint needs."""
+    if isinstance(e, OSError) and e.errno == errno.ENOSPC or "No space left" in str(e):
+        return True
+    try:
+        return shutil.disk_usage(folder).free < _checkpoint_bytes(model)
+    except OSError:
+        return False
 
 
 def complete_checkpoints(run_dir: Path) -> list[Path]:
@@ -225,7 +303,11 @@ def load_trainer_state(ckpt_dir: Path) -> dict:
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # noqa: BLE001 - pickles with code are refused by weights_only
-        raise SpemusicError(f"{path}: refused: not a spemusic trainer state ({str(e).splitlines()[0][:120]})") from None
+        reason = "empty file" if path.stat().st_size == 0 else first_problem(e)[:120]
+        raise SpemusicError(f"{path}: refused: not a spemusic trainer state ({reason})") from None
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise SpemusicError(f"{path}: not a spemusic trainer state")
+    missing = [k for k in TRAINER_KEYS if k not in state]
+    if missing:
+        raise SpemusicError(f"{path}: broken trainer state (no {', '.join(missing)})")
     return state

@@ -667,10 +667,7 @@ def _run_sampling(model, tok, *, num, length, bars, prompt, options, seed, weigh
 
 def _instruments(tok, program_ids) -> str:
     """'Electric Bass (finger), Lead 1 (square) and drums' for Program token ids."""
-    from .tokenizer import _gm_names
-
-    lo = tok.range("Program")[0]
-    names = ["drums" if i == tok.drum_program_id else _gm_names()[i - lo] for i in program_ids]
+    names = [tok.instrument_name(int(i)) for i in program_ids]
     return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
 
 
@@ -1096,7 +1093,7 @@ def models():
 
     spemusic models
     """
-    from .checkpoint import available_models, read_metadata
+    from .checkpoint import available_models, read_metadata, validated_configs
 
     _check_model_names()
     found = available_models()
@@ -1104,9 +1101,15 @@ def models():
         err.print("no models installed")
         raise typer.Exit(1)
     for name, folder in found.items():
-        meta = read_metadata(folder / "model.safetensors")
-        m, info = meta["model_config"], meta["info"]
-        pe = m["pe"] + (" gated" if m.get("gated") and m["pe"] in ("sinespe", "convspe") else "")
+        weights = folder / "model.safetensors"
+        try:
+            meta = read_metadata(weights)
+            m, _ = validated_configs(weights, meta)
+        except SpemusicError as e:  # listed, so that the user sees why it cannot be used
+            print(f"{name:<12} unusable: {str(e).removeprefix(f'{weights}: ')}")
+            continue
+        info = meta["info"]
+        pe = m.pe + (" gated" if m.gated and m.uses_spe else "")
         print(f"{name:<12} {pe:<15} {info.get('parameters', 0) / 1e6:.1f}M parameters   "
               f"trained on {info.get('seq_len', '?')}-token windows   {info.get('data_name', info.get('data', '?'))}")
 

@@ -399,3 +399,36 @@ def fixed_windows(cache: TokenCache, split: str, seq_len: int, max_windows: int 
     # spread the chosen windows over the whole split, not just its first pieces
     picks = np.linspace(0, len(windows) - 1, num=min(max_windows, len(windows))).round().astype(int)
     return np.stack([windows[i] for i in np.unique(picks)])
+
+
+def trained_vocabulary(cache: "TokenCache", max_transpose: int) -> list[int]:
+    """The token ids a model trained on the cache's train split sees: those its songs hold, with
+    the pitches and chord roots the transpositions of the sampler (up to ±max_transpose
+    semitones) reach. The sampler keeps to these (a token never seen in training still gets a
+    small probability: one program change in ~30 pop-piano pieces opened a second track)."""
+    tok = cache.tokenizer
+    lo, hi = tok.range("Pitch")
+    seen = np.zeros(len(tok), dtype=bool)
+    pitched = np.zeros(hi - lo, dtype=bool)  # pitches of pitched notes: drums are not transposed
+    for seq in cache.sequences("train"):
+        seq = np.asarray(seq)
+        seen[seq] = True
+        after_drum = np.concatenate([[False], seq[:-1] == tok.drum_program_id])
+        pitched[seq[(seq >= lo) & (seq < hi) & ~after_drum] - lo] = True
+    pitches = np.flatnonzero(pitched)
+    for shift in range(-max_transpose, max_transpose + 1):
+        moved = pitches + shift
+        seen[lo + moved[(moved >= 0) & (moved < hi - lo)]] = True
+    if tok.config.chords and max_transpose:
+        c_lo, c_hi = tok.range("Chord")
+        qualities = (c_hi - c_lo - 1) // 12  # root-major: 12 roots x qualities, then N
+        used = seen[c_lo:c_hi - 1].reshape(12, qualities).any(0)
+        roots = min(12, 2 * max_transpose + 1)  # each root moves over 2T+1 roots
+        if roots == 12:
+            seen[c_lo:c_hi - 1] = np.tile(used, 12)
+        else:
+            grid = seen[c_lo:c_hi - 1].reshape(12, qualities).copy()
+            for shift in range(-max_transpose, max_transpose + 1):
+                grid |= np.roll(seen[c_lo:c_hi - 1].reshape(12, qualities), shift, axis=0)
+            seen[c_lo:c_hi - 1] = grid.reshape(-1)
+    return [int(i) for i in np.flatnonzero(seen)]

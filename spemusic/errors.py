@@ -7,3 +7,8 @@ class SpemusicError(Exception):
 
 class MidiError(SpemusicError):
     """A MIDI file that cannot be read, is empty, or holds nothing to tokenize."""
+
+
+class ConfigError(SpemusicError, ValueError):
+    """A configuration value of the wrong type or out of range (an option, a config file, the
+    metadata of a checkpoint). Also a ValueError, for library callers."""

@@ -45,9 +45,22 @@ def midi_bytes(midi: miditoolkit.MidiFile) -> bytes:
 
 
 def midi_stats(midi: miditoolkit.MidiFile) -> tuple[int, float]:
+    """(notes, seconds until the last note ends)."""
     notes = sum(len(i.notes) for i in midi.instruments)
     end = max((n.end for i in midi.instruments for n in i.notes), default=0)
-    return notes, float(midi.get_tick_to_time_mapping()[end]) if end else 0.0
+    return notes, tick_seconds(midi, end)
+
+
+def tick_seconds(midi: miditoolkit.MidiFile, tick: int) -> float:
+    """The time of a tick through the tempo map, tempo change by tempo change (miditoolkit's
+    get_tick_to_time_mapping builds an array of every tick: 2 GB for a note 2^28 ticks long)."""
+    seconds, last_tick, bpm = 0.0, 0, 120.0
+    for tc in sorted(midi.tempo_changes, key=lambda tc: tc.time):
+        if tc.time >= tick:
+            break
+        seconds += (tc.time - last_tick) * 60.0 / (bpm * midi.ticks_per_beat)
+        last_tick, bpm = tc.time, tc.tempo
+    return seconds + (tick - last_tick) * 60.0 / (bpm * midi.ticks_per_beat)
 
 
 def count_bars(ids: np.ndarray, tokenizer: REMITokenizer) -> int:
@@ -93,6 +106,12 @@ class Prompt:
     @property
     def cut_tick(self) -> int:
         return self.end_tick if self.end_tick is not None else round(self.end_beats * self.midi.ticks_per_beat)
+
+
+# The longest prompt continue and play read: 3.5x the longest POP909 song (18,525 tokens). Priming
+# is flat in memory (Performer.prime, a chunk at a time) but not in time: 100,000 notes at one tick
+# made a prompt of 400,005 tokens that took 9 minutes.
+MAX_PROMPT_TOKENS = 65_536
 
 
 def load_prompt(path: Path, tokenizer: REMITokenizer, prompt_bars: int | None = None, beats: Path | None = None,
@@ -149,6 +168,10 @@ def load_prompt(path: Path, tokenizer: REMITokenizer, prompt_bars: int | None = 
         # the last bar runs to its end: its length follows the time signature in force
         bars = bar_start_beats(np.concatenate([ids, [tokenizer.bar_id]]), tokenizer)
         end_beats = bars[-1]
+    if len(ids) > MAX_PROMPT_TOKENS:  # priming is flat in memory, but its time grows with the prompt
+        n = count_bars(ids, tokenizer)
+        raise SpemusicError(f"{path}: the prompt is {len(ids):,} tokens ({n:,} bar{'s' * (n != 1)}); a prompt may hold at most "
+                            f"{MAX_PROMPT_TOKENS:,}: take fewer bars with --prompt-bars or --from-bar")
     end_tick = end_qpm = None
     if beat_map is not None:
         # beat_map ticks are the file's as symusic reads them; miditoolkit reads the same ticks

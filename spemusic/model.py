@@ -58,6 +58,17 @@ _PRESETS = {
 }
 
 
+# Upper bounds of the size fields: far above any model this program trains, low enough that the
+# metadata of a checkpoint from elsewhere cannot make the constructor loop for hours (n_features
+# orthogonal blocks) before the size estimate below refuses it.
+SIZE_LIMITS = dict(vocab_size=1 << 20, n_layers=1024, d_model=1 << 16, n_heads=1024, d_ff=1 << 18,
+                   n_features=1 << 14, n_realizations=1 << 12, n_sines=256, kernel_size=1 << 16,
+                   max_len=1 << 24, chunk_size=1 << 16)
+
+
+PRIME_CHUNK = 4096  # prompt tokens per parallel pass of Performer.prime
+
+
 @dataclass
 class ModelConfig:
     vocab_size: int
@@ -87,11 +98,10 @@ class ModelConfig:
             raise SpemusicError(f"attention must be one of {', '.join(ATTENTION_OPTIONS)}, not {self.attention!r}")
         if self.pe not in PE_OPTIONS:
             raise SpemusicError(f"pe must be one of {', '.join(PE_OPTIONS)}, not {self.pe!r}")
-        for name in ("vocab_size", "n_layers", "d_model", "n_heads", "d_ff", "n_features",
-                     "n_realizations", "n_sines", "kernel_size", "max_len", "chunk_size"):
+        for name, limit in SIZE_LIMITS.items():
             val = getattr(self, name)
-            if not isinstance(val, int) or isinstance(val, bool) or val < 1:
-                raise SpemusicError(f"model config: {name} must be a positive integer, not {val!r}")
+            if not isinstance(val, int) or isinstance(val, bool) or not 1 <= val <= limit:
+                raise SpemusicError(f"model config: {name} must be an integer in 1 … {limit:,}, not {val!r}")
         if self.d_model % self.n_heads:
             raise SpemusicError(f"model config: d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
         if isinstance(self.dropout, bool) or not isinstance(self.dropout, (int, float)) or not 0.0 <= self.dropout < 1.0:
@@ -101,6 +111,21 @@ class ModelConfig:
         for name in ("gated", "share_pe"):
             if not isinstance(getattr(self, name), bool):
                 raise SpemusicError(f"model config: {name} must be true or false, not {getattr(self, name)!r}")
+
+    def size_estimate(self) -> int:
+        """Parameters and buffers the model holds (its dominant terms, without building it): what
+        loading it costs, checked against the memory before anything is allocated."""
+        d, L = self.d_model, self.n_layers
+        dk = self.n_realizations if self.uses_spe else self.d_head
+        per_block = 4 * d * d + 2 * d * self.d_ff + self.short_conv * d
+        if self.attention == "favor":
+            per_block += self.n_features * dk
+        spe = 0
+        if self.uses_spe:
+            per_code = (2 * self.kernel_size if self.pe == "convspe" else 3 * self.n_sines) * d
+            spe = per_code * (1 if self.share_pe else L)
+        absolute = self.max_len * d if self.pe in ("ape", "sinusoidal") else 0
+        return self.vocab_size * d + L * per_block + spe + absolute
 
     @property
     def d_head(self) -> int:
@@ -171,8 +196,10 @@ class Attention(nn.Module):
             q, k = self.filter(q, k, ctx)
         return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
 
-    def forward(self, x: torch.Tensor, norm: nn.LayerNorm, ctx: SPEContext | None, want_state: bool = False):
-        """Attention over norm(x) (the block's pre-norm, applied with the projection)."""
+    def forward(self, x: torch.Tensor, norm: nn.LayerNorm, ctx: SPEContext | None, want_state: bool = False,
+                state=None):
+        """Attention over norm(x) (the block's pre-norm, applied with the projection); `state`: the
+        running state (FAVOR+) or KV cache (softmax) of the positions before x, continued."""
         B, T, d = x.shape
         q, k, v = self._qkv(x, norm, ctx)
         st = None
@@ -187,12 +214,18 @@ class Attention(nn.Module):
                     res = torch.utils.checkpoint.checkpoint(chunked_linear_attention, qf, kf, v, self.cfg.chunk_size,
                                                             use_reentrant=False)
                 else:
-                    res = chunked_linear_attention(qf, kf, v, self.cfg.chunk_size, return_state=want_state)
+                    res = chunked_linear_attention(qf, kf, v, self.cfg.chunk_size, state=state, return_state=want_state)
             if want_state:
                 o, st = res
             else:
                 o = res
             o = o.to(v.dtype)
+        elif state is not None:  # continue a KV cache: every cached key, then causal within x
+            st = state
+            P = st.length
+            k_all, v_all = st.append(k, v)
+            mask = torch.ones(T, P + T, dtype=torch.bool, device=x.device).tril(P)
+            o = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask)
         else:
             o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
             if want_state:
@@ -268,13 +301,14 @@ def gelu_linear(u: torch.Tensor, linear: nn.Linear) -> torch.Tensor:
     return linear(F.gelu(u))
 
 
-def short_conv(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+def short_conv(x: torch.Tensor, weight: torch.Tensor, past: torch.Tensor | None = None) -> torch.Tensor:
     """Causal depthwise convolution over the previous tokens: y_t = Σ_j weight[j-1] ⊙ x_{t-j},
     j = 1 … K (x (B, T, d), weight (K, d)); the token itself is left to the residual path.
+    `past`: the K inputs before x (B, K, d), oldest first (zeros: the start of a sequence).
     Shifted views of one padded copy, added out of place (twice as fast as in-place slice adds,
     which autograd turns into copies, and as fast as a depthwise conv1d without its transposes)."""
     K, T = weight.shape[0], x.shape[1]
-    xp = F.pad(x, (0, 0, K, 0))
+    xp = F.pad(x, (0, 0, K, 0)) if past is None else torch.cat((past.to(x.dtype), x), 1)
     w = weight.to(x.dtype)
     y = w[0] * xp[:, K - 1:K - 1 + T]
     for j in range(2, K + 1):
@@ -298,17 +332,21 @@ class Block(nn.Module):
         u = norm_linear(x, self.ln2, self.ff1.weight, self.ff1.bias)
         return self.drop(gelu_linear(u, self.ff2))
 
-    def forward(self, x, ctx, want_state=False):
-        """-> (output, attention state or None, the last K inputs newest first or None)."""
+    def forward(self, x, ctx, want_state=False, state=None, past=None):
+        """-> (output, attention state or None, the last K inputs newest first or None).
+        `state`, `past`: this layer's attention state and last K inputs (newest first) after the
+        tokens before x, to continue from them (Performer.prime in chunks)."""
         history = None
         if self.shift is not None:
+            K, T = self.shift.shape[0], x.shape[1]
+            before = past.flip(1) if past is not None else None  # oldest first
             if want_state:
-                K, T = self.shift.shape[0], x.shape[1]
-                history = x[:, -K:].flip(1).float()
-                if T < K:
-                    history = F.pad(history, (0, 0, 0, K - T))
-            x = x + short_conv(x, self.shift)
-        a, st = self.attn(x, self.ln1, ctx, want_state)
+                seen = x if before is None else torch.cat((before.to(x.dtype), x), 1)
+                history = seen[:, -K:].flip(1).float()
+                if history.shape[1] < K:
+                    history = F.pad(history, (0, 0, 0, K - history.shape[1]))
+            x = x + short_conv(x, self.shift, before)
+        a, st = self.attn(x, self.ln1, ctx, want_state, state)
         x = x + a
         return x + self.ffn(x), st, history
 
@@ -339,6 +377,9 @@ class Performer(nn.Module):
         self.ln_f = nn.LayerNorm(cfg.d_model)
         # output head tied to the token embedding
         self._codes = None  # eval-mode SPE codes (one per SPE module)
+        # (V,) bool, the vocabulary seen in training (set by load_model from the checkpoint; None:
+        # unknown): the sampler keeps to it
+        self.trained_tokens = None
         self._seed = None
         # training only: recompute each block's activations in the backward pass instead of
         # keeping them (less memory for long sequences, about one more forward of compute)
@@ -435,21 +476,27 @@ class Performer(nn.Module):
             raise SpemusicError(f"weights_dtype must be torch.float32, torch.float16 or torch.bfloat16, not {dtype!r}")
 
     # ------------------------------------------------------------------ parallel
-    def _parallel(self, ids: torch.Tensor, want_state: bool, weights_dtype: torch.dtype = torch.float32):
+    def _parallel(self, ids: torch.Tensor, want_state: bool, weights_dtype: torch.dtype = torch.float32,
+                  state: State | None = None):
+        """The chunked parallel pass; with `state` (eval mode), it continues the positions that state
+        holds, and the returned state holds them all."""
         self._check_ids(ids, 2)
         B, T = ids.shape
         if T == 0:
             raise SpemusicError("cannot run the model on an empty sequence")
+        start = state.position if state is not None else 0
         if self.abs_pe is not None:
-            self.abs_pe.check(0, T)
+            self.abs_pe.check(start, T)
         codes = self._get_codes()
-        ctxs = self._contexts(codes, 0, T)
-        x = self._embed(ids, 0)
+        ctxs = self._contexts(codes, start, T)
+        x = self._embed(ids, start)
         states, histories = [], []
         recompute = self.checkpoint_activations and self.training and torch.is_grad_enabled()
-        for blk, ctx in zip(self.blocks, ctxs):
+        for i, (blk, ctx) in enumerate(zip(self.blocks, ctxs)):
             if recompute:
                 x, st, hist = torch.utils.checkpoint.checkpoint(blk, x, ctx, want_state, use_reentrant=False)
+            elif state is not None:
+                x, st, hist = blk(x, ctx, want_state, state.layers[i], state.histories[i] if state.histories else None)
             else:
                 x, st, hist = blk(x, ctx, want_state)
             states.append(st)
@@ -457,8 +504,9 @@ class Performer(nn.Module):
         logits = self._head(x)
         if not want_state:
             return logits
-        return logits, State(position=T, batch_size=B, layers=states, pe=recurrent.new_stream_states(self, codes, T),
-                             plan=recurrent.build_plan(self, codes, weights_dtype),
+        plan = state.plan if state is not None else recurrent.build_plan(self, codes, weights_dtype)
+        return logits, State(position=start + T, batch_size=B, layers=states,
+                             pe=recurrent.new_stream_states(self, codes, start + T), plan=plan,
                              histories=histories if self.cfg.short_conv else [])
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
@@ -466,12 +514,23 @@ class Performer(nn.Module):
         return self._parallel(ids, want_state=False)
 
     @torch.no_grad()
-    def prime(self, ids: torch.Tensor, weights_dtype: torch.dtype = torch.float32):
-        """One parallel pass over a prompt: (logits (B, T, V), State after the prompt).
+    def prime(self, ids: torch.Tensor, weights_dtype: torch.dtype = torch.float32, all_logits: bool = True,
+              chunk: int = PRIME_CHUNK):
+        """Parallel passes over a prompt, `chunk` tokens at a time, each continuing the state of the
+        last: (logits (B, T, V), or (B, 1, V) for the last position only when not `all_logits`;
+        State after the prompt). Memory stays that of one chunk however long the prompt (in one
+        pass, a prompt of 300k tokens needed 16 GB).
         ``weights_dtype``: the state's step keeps its linear weights in this dtype (float16 or
         bfloat16 halve the bytes read per token, see recurrent.py; float32 is exact)."""
         self._check_weights_dtype(weights_dtype)
-        return self._parallel(ids, want_state=True, weights_dtype=weights_dtype)
+        self._check_ids(ids, 2)
+        if ids.shape[1] == 0:
+            raise SpemusicError("cannot run the model on an empty sequence")
+        state, kept = None, []
+        for c0 in range(0, ids.shape[1], chunk):
+            logits, state = self._parallel(ids[:, c0:c0 + chunk], True, weights_dtype, state)
+            kept = kept + [logits] if all_logits else [logits[:, -1:]]
+        return (torch.cat(kept, 1) if len(kept) > 1 else kept[0]), state
 
     # ------------------------------------------------------------------ recurrent
     @torch.no_grad()

@@ -107,6 +107,15 @@ def finish_sequence(ids: list[int], tokenizer: REMITokenizer, grammar: REMIGramm
     return np.asarray(ids + [tokenizer.eos_id], dtype=np.int64)
 
 
+def within_training(mask: np.ndarray, trained: np.ndarray | None) -> np.ndarray:
+    """A grammar mask kept to the tokens the model saw in training (`Performer.trained_tokens`),
+    unless none of those is allowed here (a prompt's instrument the model never saw)."""
+    if trained is None:
+        return mask
+    kept = mask & trained
+    return kept if kept.any() else mask
+
+
 def chord_ids(tokenizer: REMITokenizer, names: list[str]) -> list[int]:
     """Token ids of chord names (vocabulary names such as ``"A:min"``, or ``"N"``)."""
     if not tokenizer.config.chords:
@@ -212,6 +221,7 @@ def sample(model: Performer, tokenizer: REMITokenizer, *, num: int = 1, length: 
     # pop-piano (8 pieces of 1,024 tokens, top-p 0.95): notes per onset 2.69 strict vs 3.82
     # any order (real songs 1.87), H1 2.29 vs 2.59 (real 2.11)
     grammar = REMIGrammar(tokenizer, strict_order=model.cfg.short_conv > 0)
+    trained = getattr(model, "trained_tokens", None)
     forced = chord_ids(tokenizer, chords) if chords else None
     meter_id, tempo_id = opening_tokens(tokenizer, meter, tempo)
     tempo_lo, tempo_hi = tokenizer.range("Tempo")
@@ -241,7 +251,7 @@ def sample(model: Performer, tokenizer: REMITokenizer, *, num: int = 1, length: 
     # learned it (pop-piano, --bars 8, 12 seeds: 1.25 empty bars before the first note on average)
     from_scratch = len(prompt) == 1
     batch_prompt = torch.from_numpy(np.tile(prompt, (num, 1))).to(device)
-    logits, state = model.prime(batch_prompt, weights_dtype=weights_dtype or auto_step_dtype(device, num))
+    logits, state = model.prime(batch_prompt, weights_dtype=weights_dtype or auto_step_dtype(device, num), all_logits=False)
     logits = logits[:, -1]
     # continuing a prompt starts a new bar: the prompt stays as the user wrote it
     force_bar = len(prompt) > 1
@@ -265,7 +275,8 @@ def sample(model: Performer, tokenizer: REMITokenizer, *, num: int = 1, length: 
                     empty_bar = st.last in (BAR, TIMESIG)
                     opening = from_scratch and st.bars == 1 and empty_bar
                     closing = bars is not None and bars_started[b] >= bars and empty_bar
-                    masks[b] = grammar.allowed(st, allow_eos=False, allow_bar=not (opening or closing))
+                    masks[b] = within_training(grammar.allowed(st, allow_eos=False, allow_bar=not (opening or closing)),
+                                               trained)
                     if forced is not None:
                         force_chord(masks[b], st, forced[(bars_started[b] - 1) % len(forced)], grammar)
                     if meter_id is not None and st.last == BAR and st.bars == 1:
@@ -336,6 +347,7 @@ def stream_bars(model: Performer, tokenizer: REMITokenizer, *, prompt: np.ndarra
     options = options or SamplingOptions()
     options.check()
     grammar = REMIGrammar(tokenizer, strict_order=model.cfg.short_conv > 0)
+    trained = getattr(model, "trained_tokens", None)
     model.eval()
     model.resample(seed)
     device = next(model.parameters()).device
@@ -346,7 +358,7 @@ def stream_bars(model: Performer, tokenizer: REMITokenizer, *, prompt: np.ndarra
         grammar.advance(st, int(t))
     from_scratch = len(prompt) == 1
     logits, state = model.prime(torch.from_numpy(prompt[None]).to(device),
-                                weights_dtype=weights_dtype or auto_step_dtype(device, 1))
+                                weights_dtype=weights_dtype or auto_step_dtype(device, 1), all_logits=False)
     logits = logits[:, -1]
     bar: list[int] = []
     while True:
@@ -355,7 +367,7 @@ def stream_bars(model: Performer, tokenizer: REMITokenizer, *, prompt: np.ndarra
             mask[tokenizer.bar_id] = True
         else:
             opening = from_scratch and st.bars == 1 and st.last in (BAR, TIMESIG)
-            mask = grammar.allowed(st, allow_eos=False, allow_bar=not opening)
+            mask = within_training(grammar.allowed(st, allow_eos=False, allow_bar=not opening), trained)
         masked = logits.float().masked_fill(~torch.from_numpy(mask).to(device), float("-inf"))
         if from_scratch and st.last == BAR and st.bars == 1:
             nxt = int(masked[0].argmax())  # the opening meter: the most likely, as in `sample`

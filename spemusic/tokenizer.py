@@ -104,7 +104,7 @@ import symusic
 
 from spemusic.beats import BeatMap, Beats, TempoMap, read_beats
 from spemusic.chords import CHORD_NAMES, read_chords
-from spemusic.errors import MidiError
+from spemusic.errors import ConfigError, MidiError
 from spemusic.files import check_input_file, write_atomically
 
 __all__ = ["TokenizerConfig", "REMITokenizer", "TokenError", "default_time_signatures"]
@@ -146,6 +146,12 @@ class TokenError(MidiError, ValueError):
     """A token string or id that is not in the vocabulary."""
 
 
+# (lowest, highest) of the integer fields: 960 steps a beat is the finest MIDI grid in common use;
+# the rest are far above what music needs and bound the vocabulary a config can ask for
+_TOKENIZER_INT_RANGES = dict(beat_resolution=(1, 960), num_velocity_bins=(1, 127), num_tempo_bins=(1, 1024),
+                             max_duration_beats=(1, 64), max_bar_beats=(1, 64))
+
+
 def default_time_signatures(max_bar_beats: int = 8, beat_resolution: int = 12) -> tuple[tuple[int, int], ...]:
     """n/2 (n >= 2), n/4, n/8 and n/16 (odd n >= 5 only) with bar length <= max_bar_beats quarters."""
     out: list[tuple[int, int]] = []
@@ -177,28 +183,41 @@ class TokenizerConfig:
     chords: bool = False  # Chord_<root>:<quality> tokens (appended to the vocabulary)
 
     def __post_init__(self) -> None:
-        if self.beat_resolution < 1 or self.max_bar_beats < 1 or self.max_duration_beats < 1:
-            raise ValueError("beat_resolution, max_bar_beats and max_duration_beats must be >= 1")
-        if not 1 <= self.num_velocity_bins <= 127:
-            raise ValueError("num_velocity_bins must be in 1..127")
-        if self.num_tempo_bins < 1 or not 0 < self.tempo_min <= self.tempo_max:
-            raise ValueError("need num_tempo_bins >= 1 and 0 < tempo_min <= tempo_max")
+        # types and ranges first: the metadata of a checkpoint from elsewhere lands here, and a
+        # string or a 10^9 must be named, not crash or allocate the vocabulary it implies
+        for name, (lo, hi) in _TOKENIZER_INT_RANGES.items():
+            val = getattr(self, name)
+            if not isinstance(val, int) or isinstance(val, bool) or not lo <= val <= hi:
+                raise ConfigError(f"tokenizer config: {name} must be an integer in {lo} … {hi:,}, not {val!r}")
+        for name in ("tempo_min", "tempo_max"):
+            val = getattr(self, name)
+            if isinstance(val, bool) or not isinstance(val, (int, float)) or not 1.0 <= val <= 10_000.0:
+                raise ConfigError(f"tokenizer config: {name} must be a number of BPM in 1 … 10,000, not {val!r}")
+        if not isinstance(self.chords, bool):
+            raise ConfigError(f"tokenizer config: chords must be true or false, not {self.chords!r}")
+        if not self.tempo_min <= self.tempo_max:
+            raise ConfigError("tokenizer config: tempo_min must not be above tempo_max")
         if self.num_tempo_bins > 1 and not self.tempo_min < self.tempo_max:
-            raise ValueError("several tempo bins need tempo_min < tempo_max")
+            raise ConfigError("tokenizer config: several tempo bins need tempo_min < tempo_max")
         ts = self.time_signatures
         if not ts:
             ts = default_time_signatures(self.max_bar_beats, self.beat_resolution)
+        if not isinstance(ts, (tuple, list)) or len(ts) > 4096 or not all(
+                isinstance(t, (tuple, list)) and len(t) == 2 and all(isinstance(x, (int, np.integer)) and not isinstance(x, bool)
+                                                                     for x in t) for t in ts):
+            raise ConfigError("tokenizer config: time_signatures must be a list of at most 4,096 "
+                              "[numerator, denominator] integer pairs")
         ts = tuple((int(n), int(d)) for n, d in ts)
         for n, d in ts:
             if n < 1 or d < 1:
-                raise ValueError(f"bad time signature {n}/{d}")
+                raise ConfigError(f"tokenizer config: bad time signature {n}/{d}")
             length = Fraction(4 * n, d)
             if length > self.max_bar_beats:
-                raise ValueError(f"time signature {n}/{d} is longer than max_bar_beats={self.max_bar_beats}")
+                raise ConfigError(f"tokenizer config: time signature {n}/{d} is longer than max_bar_beats={self.max_bar_beats}")
             if (length * self.beat_resolution).denominator != 1:
-                raise ValueError(f"time signature {n}/{d} is not a whole number of grid steps")
+                raise ConfigError(f"tokenizer config: time signature {n}/{d} is not a whole number of grid steps")
         if len(set(ts)) != len(ts):
-            raise ValueError("duplicate time signatures")
+            raise ConfigError("tokenizer config: duplicate time signatures")
         object.__setattr__(self, "time_signatures", ts)
         object.__setattr__(self, "tempo_min", float(self.tempo_min))
         object.__setattr__(self, "tempo_max", float(self.tempo_max))
@@ -212,13 +231,15 @@ class TokenizerConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> "TokenizerConfig":
+        if not isinstance(d, dict):
+            raise ConfigError("tokenizer config must be a mapping")
         known = {f.name for f in fields(cls)}
         unknown = set(d) - known
         if unknown:
-            raise ValueError(f"unknown tokenizer config keys: {sorted(unknown)}")
+            raise ConfigError(f"unknown tokenizer config key(s): {', '.join(sorted(unknown))}")
         d = dict(d)
-        if "time_signatures" in d:
-            d["time_signatures"] = tuple(tuple(int(x) for x in t) for t in d["time_signatures"])
+        if isinstance(d.get("time_signatures"), list):
+            d["time_signatures"] = tuple(tuple(t) if isinstance(t, list) else t for t in d["time_signatures"])
         return cls(**d)
 
     def fingerprint(self) -> str:
@@ -544,6 +565,13 @@ class REMITokenizer:
         if kind == "Program" and value != "drums":
             return _gm_names()[int(value)]
         return ""
+
+    def instrument_name(self, program_id: int) -> str:
+        """The General MIDI name of a Program token ("Electric Bass (finger)"), or "drums"."""
+        lo, hi = self.range("Program")
+        if not lo <= program_id < hi:
+            raise ValueError(f"token {program_id} is not a Program token")
+        return "drums" if program_id == self.drum_program_id else _gm_names()[program_id - lo]
 
     def tokens_to_ids(self, tokens: Iterable[str]) -> np.ndarray:
         t2i = self.token_to_id

@@ -17,9 +17,10 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from . import checkpoint
-from .data import WindowSampler, fixed_windows, open_dataset
+from .data import WindowSampler, fixed_windows, open_dataset, trained_vocabulary
 from .errors import SpemusicError
-from .files import check_output_folder
+from .files import check_output_folder, write_atomically
+from .memory import available_memory
 from .model import ABSOLUTE_PE_OPTIONS, PE_OPTIONS, ModelConfig, Performer
 from .tokenizer import TokenizerConfig
 
@@ -282,18 +283,6 @@ def activation_bytes_per_token(cfg: ModelConfig, checkpoint_activations: bool = 
     return 4 * (per_layer * layers + 3 * cfg.vocab_size)
 
 
-def available_memory(device) -> int | None:
-    """Bytes free for training on `device` (None: unknown)."""
-    if torch.device(device).type == "cuda":
-        return int(torch.cuda.mem_get_info(device)[0])
-    try:
-        with open("/proc/meminfo") as f:
-            info = dict(line.split(":", 1) for line in f)
-        return int(info["MemAvailable"].split()[0]) * 1024
-    except (OSError, KeyError, ValueError):
-        return None
-
-
 def check_memory(cfg: ModelConfig, micro_batch: int, seq_len: int, checkpoint_activations: bool, device,
                  valid_windows: int) -> None:
     """Refuse, before allocating anything, a step that cannot fit: --batch-size 10^9 would
@@ -317,20 +306,52 @@ def lock_run_folder(run_dir: Path):
     except ImportError:  # not on POSIX: no lock
         return None
     run_dir.mkdir(parents=True, exist_ok=True)
-    fh = open(run_dir / ".lock", "a+")
+    fh = open(run_dir / ".lock", "a+b", buffering=0)  # unbuffered: a full disk fails the write, not a later close
     try:
         fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         fh.seek(0)
-        holder = fh.read().strip() or "another process"
+        holder = fh.read().decode(errors="replace").strip() or "another process"
         fh.close()
         raise SpemusicError(f"{run_dir}: another spemusic train ({holder}) is writing this run; stop it first, "
                             "or give another -o") from None
-    fh.seek(0)
-    fh.truncate()
-    fh.write(f"pid {os.getpid()}")
-    fh.flush()
+    try:
+        fh.truncate(0)
+        fh.write(f"pid {os.getpid()}".encode())
+    except OSError as e:  # a full disk: the run could not save anything either
+        fh.close()
+        raise SpemusicError(f"{run_dir / '.lock'}: cannot write ({e.strerror}); a run needs room for its checkpoints") from None
     return fh
+
+
+def read_run_record(run_file: Path) -> dict:
+    """RUN/run.json, checked: its train options, model and tokenizer configs (errors name the file
+    and what is wrong, not the first key a later line looks up)."""
+    try:
+        record = json.loads(run_file.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise SpemusicError(f"{run_file}: not a run record ({e})") from None
+    if not isinstance(record, dict):
+        raise SpemusicError(f"{run_file}: not a run record (not a JSON object)")
+    for key in ("train", "model", "tokenizer"):
+        if not isinstance(record.get(key), dict):
+            raise SpemusicError(f"{run_file}: broken run record (no {key!r} mapping)")
+    try:
+        ModelConfig.from_dict(record["model"])
+        TokenizerConfig.from_dict(record["tokenizer"])
+    except (SpemusicError, TypeError) as e:
+        raise SpemusicError(f"{run_file}: {e}") from None
+    return record
+
+
+def _record_step(line: str) -> int | None:
+    """The step of a metrics.jsonl line, None when the line is not a record."""
+    try:
+        rec = json.loads(line)
+    except json.JSONDecodeError:
+        return None
+    step = rec.get("step") if isinstance(rec, dict) else None
+    return step if isinstance(step, int) and not isinstance(step, bool) else None
 
 
 def train(cfg: TrainConfig, run_dir: Path, resume: bool = False, stop_after: int | None = None,
@@ -356,7 +377,7 @@ def train(cfg: TrainConfig, run_dir: Path, resume: bool = False, stop_after: int
             if found is not None:
                 console.print(f"[yellow]note:[/] {run_dir}: `last` was missing; resuming from the newest complete "
                               f"checkpoint, {found.relative_to(run_dir)}", highlight=False)
-        saved_run = json.loads(run_file.read_text())
+        saved_run = read_run_record(run_file)
         saved = TrainConfig.from_dict(saved_run["train"], source=str(run_file))
         cache = saved_run.get("data_cache")
         if cache and not Path(saved.data).exists() and Path(cache).is_dir():
@@ -389,7 +410,7 @@ def train(cfg: TrainConfig, run_dir: Path, resume: bool = False, stop_after: int
 
     # fine-tuning takes the model config, weights and tokenizer of the starting model
     base_model = None
-    if resume:  # the run's own record: also right for fine-tuning runs
+    if resume:  # the run's own record: also right for fine-tuning runs (checked by read_run_record)
         tok_cfg = TokenizerConfig.from_dict(saved_run["tokenizer"])
     elif cfg.init_from:
         base_model, base_tokenizer = checkpoint.load_model(cfg.init_from)
@@ -462,9 +483,17 @@ def train(cfg: TrainConfig, run_dir: Path, resume: bool = False, stop_after: int
 
         last = (run_dir / "last").resolve()
         state = checkpoint.load_trainer_state(last)
-        safetensors.torch.load_model(model, str(last / checkpoint.WEIGHTS), strict=False, device=str(device))
-        optimizer.load_state_dict(state["optimizer"])
-        scheduler.load_state_dict(state["scheduler"])
+        weights = last / checkpoint.WEIGHTS
+        try:
+            safetensors.torch.load_model(model, str(weights), strict=False, device=str(device))
+        except Exception as e:  # noqa: BLE001 - wrong shapes, a truncated or foreign file
+            raise SpemusicError(f"{weights}: weights do not fit the run's model ({checkpoint.first_problem(e)})") from None
+        try:
+            optimizer.load_state_dict(state["optimizer"])
+            scheduler.load_state_dict(state["scheduler"])
+        except (ValueError, KeyError, TypeError, RuntimeError) as e:
+            raise SpemusicError(f"{last / checkpoint.TRAINER}: optimizer state does not fit the run's model "
+                                f"({checkpoint.first_problem(e)})") from None
         scheduler.lr_lambdas = [lr_lambda(cfg.warmup, cfg.steps)] * len(optimizer.param_groups)
         rng.bit_generator.state = json.loads(state["sampler_rng"])
         torch.set_rng_state(state["torch_rng"])
@@ -478,15 +507,18 @@ def train(cfg: TrainConfig, run_dir: Path, resume: bool = False, stop_after: int
         if is_main:  # records written after the checkpoint (by the run that stopped) are redone
             metrics = run_dir / "metrics.jsonl"
             if metrics.is_file():
-                kept = [line for line in metrics.read_text().splitlines()
-                        if line.strip() and json.loads(line)["step"] <= step]
+                lines = [line for line in metrics.read_text(errors="replace").splitlines() if line.strip()]
+                kept = [line for line in lines if (_record_step(line) or step + 1) <= step]
+                unreadable = sum(_record_step(line) is None for line in lines)
+                if unreadable:
+                    console.print(f"[yellow]note:[/] {metrics}: dropped {unreadable} unreadable line(s)", highlight=False)
                 metrics.write_text("".join(line + "\n" for line in kept))
     elif is_main:
         lock = lock_run_folder(run_dir)  # noqa: F841  (held until train returns)
         (run_dir / "metrics.jsonl").unlink(missing_ok=True)
-        (run_dir / "run.json").write_text(json.dumps(
+        write_atomically(json.dumps(  # never a half-written record on a full disk
             {"train": asdict(cfg), "model": model_cfg.to_dict(), "tokenizer": tok_cfg.to_dict(),
-             "data_cache": str(cache.path), "world_size": world}, indent=2))
+             "data_cache": str(cache.path), "world_size": world}, indent=2).encode(), run_dir / "run.json")
 
     train_model = model
     if world > 1:
@@ -497,6 +529,7 @@ def train(cfg: TrainConfig, run_dir: Path, resume: bool = False, stop_after: int
 
     logger = Logger(run_dir / "metrics.jsonl" if is_main else None)
     n_params = model.num_parameters()
+    trained_tokens = trained_vocabulary(cache, cfg.transpose)
     if is_main:
         start = f"fine-tuning {cfg.init_from}" if cfg.init_from else cfg.preset
         which = checkpoint.run_checkpoint_used(cfg.init_from) if cfg.init_from else None
@@ -517,7 +550,7 @@ def train(cfg: TrainConfig, run_dir: Path, resume: bool = False, stop_after: int
         info = {"step": step, "tokens": tokens_seen, "train_loss": last_train_loss, "valid_loss": last_valid,
                 "best_valid_loss": best_valid if math.isfinite(best_valid) else None,
                 "seq_len": cfg.seq_len, "data": str(cfg.data), "preset": cfg.preset,
-                "parameters": n_params}
+                "parameters": n_params, "trained_tokens": trained_tokens}
         trainer_state = {
             "format": checkpoint.FORMAT, "step": step, "best_valid": best_valid, "tokens": tokens_seen,
             "elapsed": elapsed_before + (time.perf_counter() - t_start),

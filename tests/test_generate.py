@@ -496,3 +496,44 @@ def test_sampling_defaults_follow_the_model():
     assert (pop.top_p, pop.bar_top_p) == (1.0, 0.8)
     assert (groove.top_p, groove.bar_top_p) == (0.95, 0.95)
     assert (mine.top_p, mine.bar_top_p) == (0.9, 0.8)  # what the user gives wins
+
+
+def test_sampling_keeps_to_the_vocabulary_seen_in_training(tiny_checkpoint, examples):
+    """A token the model never saw in training (another instrument's Program) is never drawn;
+    where only unseen tokens fit (a prompt's instrument the model never saw), the grammar decides."""
+    from spemusic.sampling import within_training
+
+    model, tok = load_model(tiny_checkpoint)
+    assert model.trained_tokens is None  # a checkpoint that does not record it: no restriction
+    lo, hi = tok.range("Program")
+    trained = np.ones(len(tok), dtype=bool)
+    trained[lo:hi] = False
+    trained[lo] = True  # Program_0 alone
+    model.trained_tokens = trained
+    ids = sample(model, tok, num=4, length=256, seed=3).ids
+    programs = {int(t) for s in ids for t in s if lo <= t < hi}
+    assert programs == {lo}
+    grammar_only = np.zeros(len(tok), dtype=bool)
+    grammar_only[lo + 1] = True
+    assert within_training(grammar_only, trained).tolist() == grammar_only.tolist()
+    assert within_training(trained, None) is trained
+
+
+def test_training_records_its_vocabulary():
+    """trained_vocabulary: what the songs hold, widened by the sampler's transpositions."""
+    from spemusic import REMITokenizer
+    from spemusic.data import trained_vocabulary
+
+    class Cache:  # the two things trained_vocabulary reads
+        tokenizer = REMITokenizer()
+
+        @staticmethod
+        def sequences(split):
+            tok = Cache.tokenizer
+            return [tok.tokens_to_ids(["BOS", "Bar", "Position_0", "Program_0", "Pitch_60", "Velocity_20", "Duration_5", "EOS"])]
+
+    tok = Cache.tokenizer
+    ids = set(trained_vocabulary(Cache, 2))
+    names = {tok.ids_to_tokens([i])[0] for i in ids}
+    assert {f"Pitch_{p}" for p in range(58, 63)} <= names and "Pitch_57" not in names and "Pitch_63" not in names
+    assert "Program_0" in names and "Program_1" not in names and "Bar" in names

@@ -91,6 +91,26 @@ def test_parallel_equals_recurrent(pe, gated, attention, short_conv):
             assert s.dtype == torch.float32
 
 
+@pytest.mark.parametrize("pe,gated,attention,short_conv", [c if len(c) == 4 else (*c, 4) for c in PE_CASES])
+def test_prime_in_chunks_equals_one_pass(pe, gated, attention, short_conv):
+    """A long prompt is primed a chunk at a time (flat memory): the same logits and the same state
+    as one pass, chunks shorter than the short convolution and uneven last chunks included."""
+    m = _model(pe=pe, gated=gated, attention=attention, short_conv=short_conv)
+    m.resample(5)
+    ids = torch.randint(0, V, (2, 300), generator=torch.Generator().manual_seed(3))
+    full, st_full = m.prime(ids)
+    for chunk in (3, 64, 77):
+        lp, st = m.prime(ids, chunk=chunk)
+        assert lp.shape == full.shape and (lp - full).abs().max().item() <= 1e-4, chunk
+        last, _ = m.prime(ids, chunk=chunk, all_logits=False)
+        assert last.shape == (2, 1, V) and (last[:, 0] - full[:, -1]).abs().max().item() <= 1e-4
+        assert st.position == st_full.position == 300
+        nxt = torch.randint(0, V, (2,), generator=torch.Generator().manual_seed(4))
+        a, _ = m.step(st, nxt)
+        b, _ = m.step(st_full.clone(), nxt)
+        assert (a - b).abs().max().item() <= 1e-4, chunk
+
+
 @pytest.mark.parametrize("pe,gated,dtype,tol", [("sinespe", True, torch.float16, 2e-3), ("convspe", False, torch.float16, 2e-3),
                                                ("none", False, torch.float16, 2e-3), ("sinespe", True, torch.bfloat16, 1e-2)])
 def test_half_precision_step_weights(pe, gated, dtype, tol):
