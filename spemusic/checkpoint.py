@@ -101,9 +101,10 @@ def read_metadata(weights: Path) -> dict:
     try:
         with safetensors.safe_open(str(weights), framework="pt") as f:
             meta = f.metadata() or {}
-    except Exception as e:  # noqa: BLE001 - any unreadable file is "not a checkpoint"
-        reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e).splitlines()[0][:120]
-        raise SpemusicError(f"{weights}: not a spemusic checkpoint ({reason})") from None
+    except OSError as e:  # permissions, a folder, an I/O error: the file is not read, not "wrong"
+        raise SpemusicError(f"{weights}: cannot be read ({e.strerror or e})") from None
+    except Exception as e:  # noqa: BLE001 - anything else unreadable is "not a checkpoint"
+        raise SpemusicError(f"{weights}: not a spemusic checkpoint ({first_problem(e)[:120]})") from None
     if meta.get("format") != FORMAT:
         raise SpemusicError(f"{weights}: not a spemusic checkpoint (safetensors file without spemusic metadata)")
     if meta.get("version") != FORMAT_VERSION:

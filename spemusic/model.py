@@ -338,7 +338,7 @@ class Block(nn.Module):
         tokens before x, to continue from them (Performer.prime in chunks)."""
         history = None
         if self.shift is not None:
-            K, T = self.shift.shape[0], x.shape[1]
+            K = self.shift.shape[0]
             before = past.flip(1) if past is not None else None  # oldest first
             if want_state:
                 seen = x if before is None else torch.cat((before.to(x.dtype), x), 1)
