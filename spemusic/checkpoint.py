@@ -62,6 +62,27 @@ def available_models() -> dict[str, Path]:
     return found
 
 
+def checkpoints_env_problem() -> str | None:
+    """What keeps $SPEMUSIC_CHECKPOINTS from adding models (missing, a file, a checkpoint itself, a
+    folder without any), or None when it is unset or holds some: said, not silently ignored."""
+    value = os.environ.get("SPEMUSIC_CHECKPOINTS")
+    if not value:
+        return None
+    folder = Path(value)
+    try:
+        if not folder.exists():
+            return "no such folder"
+        if not folder.is_dir():
+            return "not a folder"
+        if (folder / WEIGHTS).is_file():
+            return "is a checkpoint itself; point it at the folder that holds checkpoint folders"
+        if any(d.is_dir() and _weights_in(d) is not None for d in folder.iterdir()):
+            return None
+        return "holds no spemusic model (a folder with model.safetensors, or a run folder)"
+    except OSError as e:
+        return f"cannot be read ({e.strerror})"
+
+
 def _weights_in(folder: Path) -> Path | None:
     """The weights of a checkpoint folder, or of a run folder (its `best`, else `last`)."""
     return next((c for c in (folder / WEIGHTS, folder / "best" / WEIGHTS, folder / "last" / WEIGHTS)

@@ -586,26 +586,15 @@ def _check_model_names(*names: Optional[str], option: str = "--model") -> None:
     $SPEMUSIC_CHECKPOINTS that holds no model (missing, a file, /proc) is said, not ignored."""
     import os
 
-    from .checkpoint import WEIGHTS
+    from .checkpoint import checkpoints_env_problem
 
     for name in names:
         if name is not None and not name.strip():
             raise SpemusicError(f"{option} {name!r}: give a model name (spemusic models lists them) or a checkpoint path")
-    value = os.environ.get("SPEMUSIC_CHECKPOINTS")
-    if not value:
-        return
-    folder = Path(value)
-    try:
-        problem = ("no such folder" if not folder.exists() else "not a folder" if not folder.is_dir() else
-                   "is a checkpoint itself; point it at the folder that holds checkpoint folders"
-                   if (folder / WEIGHTS).is_file() else
-                   None if any((d / sub / WEIGHTS).is_file() for d in folder.iterdir() for sub in ("", "best", "last"))
-                   else "holds no spemusic model (a folder with model.safetensors, or a run folder)")
-    except OSError as e:
-        problem = f"cannot be read ({e.strerror})"
+    problem = checkpoints_env_problem()
     if problem:
-        err.print(f"[yellow]warning:[/] SPEMUSIC_CHECKPOINTS={escape(value)}: {problem}; only the shipped models are "
-                  "found", highlight=False)
+        err.print(f"[yellow]warning:[/] SPEMUSIC_CHECKPOINTS={escape(os.environ['SPEMUSIC_CHECKPOINTS'])}: {problem}; "
+                  "only the shipped models are found", highlight=False)
 
 
 def _say_which_checkpoint(name_or_path) -> None:
