@@ -419,16 +419,11 @@ def trained_vocabulary(cache: "TokenCache", max_transpose: int) -> list[int]:
     for shift in range(-max_transpose, max_transpose + 1):
         moved = pitches + shift
         seen[lo + moved[(moved >= 0) & (moved < hi - lo)]] = True
-    if tok.config.chords and max_transpose:
+    if tok.config.chords:
         c_lo, c_hi = tok.range("Chord")
-        qualities = (c_hi - c_lo - 1) // 12  # root-major: 12 roots x qualities, then N
-        used = seen[c_lo:c_hi - 1].reshape(12, qualities).any(0)
-        roots = min(12, 2 * max_transpose + 1)  # each root moves over 2T+1 roots
-        if roots == 12:
-            seen[c_lo:c_hi - 1] = np.tile(used, 12)
-        else:
-            grid = seen[c_lo:c_hi - 1].reshape(12, qualities).copy()
-            for shift in range(-max_transpose, max_transpose + 1):
-                grid |= np.roll(seen[c_lo:c_hi - 1].reshape(12, qualities), shift, axis=0)
-            seen[c_lo:c_hi - 1] = grid.reshape(-1)
+        roots = seen[c_lo:c_hi - 1].reshape(12, -1)  # root-major: 12 roots x qualities, then N
+        moved = np.zeros_like(roots)
+        for shift in range(-max_transpose, max_transpose + 1):  # roots move with the pitches
+            moved |= np.roll(roots, shift, axis=0)
+        seen[c_lo:c_hi - 1] = moved.reshape(-1)
     return [int(i) for i in np.flatnonzero(seen)]

@@ -121,10 +121,9 @@ def load_prompt(path: Path, tokenizer: REMITokenizer, prompt_bars: int | None = 
     `prompt_bars`: the first N bars of music (leading empty bars not counted); `from_bar`: the
     file's bars 1 to N, as a score editor numbers them."""
     path = check_input_file(path)  # a named pipe would block the read forever
-    if beats is not None:
-        check_input_file(beats)
     beat_map = None
     if beats is not None:
+        check_input_file(beats)
         ids, beat_map = tokenizer.encode_on_beats(path, beats)
     else:
         ids = tokenizer.encode(path)  # raises MidiError with the reason for corrupt/empty/note-less files

@@ -27,11 +27,12 @@ def export(src: Path, dest: Path, name: str, data: Path, credit: str, command: s
         p.data = p.data.half()
     dest.mkdir(parents=True, exist_ok=True)
     info = {**info, "name": name, "data_name": credit, "data": Path(data).name}
-    if "trained_tokens" not in info:  # runs from before training recorded it (same default transposition)
+    if "trained_tokens" not in info:  # runs from before training recorded it (trained with the default transposition)
         from .data import open_dataset, trained_vocabulary
+        from .train import TrainConfig
 
         info["trained_tokens"] = trained_vocabulary(open_dataset(Path(data), tok.config, beats_dir=beats,
-                                                                 chords_dir=chords), 6)
+                                                                 chords_dir=chords), TrainConfig.transpose)
     write_weights(dest / WEIGHTS, shipped, tok.config, info)
 
     # the card's figures are measured on the shipped file itself

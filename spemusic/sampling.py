@@ -221,7 +221,7 @@ def sample(model: Performer, tokenizer: REMITokenizer, *, num: int = 1, length: 
     # pop-piano (8 pieces of 1,024 tokens, top-p 0.95): notes per onset 2.69 strict vs 3.82
     # any order (real songs 1.87), H1 2.29 vs 2.59 (real 2.11)
     grammar = REMIGrammar(tokenizer, strict_order=model.cfg.short_conv > 0)
-    trained = getattr(model, "trained_tokens", None)
+    trained = model.trained_tokens
     forced = chord_ids(tokenizer, chords) if chords else None
     meter_id, tempo_id = opening_tokens(tokenizer, meter, tempo)
     tempo_lo, tempo_hi = tokenizer.range("Tempo")
@@ -347,7 +347,7 @@ def stream_bars(model: Performer, tokenizer: REMITokenizer, *, prompt: np.ndarra
     options = options or SamplingOptions()
     options.check()
     grammar = REMIGrammar(tokenizer, strict_order=model.cfg.short_conv > 0)
-    trained = getattr(model, "trained_tokens", None)
+    trained = model.trained_tokens
     model.eval()
     model.resample(seed)
     device = next(model.parameters()).device

@@ -5,7 +5,6 @@ generated odd MIDI files. Every odd file is built here, in code."""
 from __future__ import annotations
 
 import os
-import struct
 import threading
 import time
 from pathlib import Path
@@ -18,38 +17,23 @@ from spemusic.tokenizer import REMITokenizer
 
 # ----------------------------------------------------------------------------- raw MIDI bytes
 
-def vlq(n: int) -> bytes:
-    out = [n & 0x7F]
-    n >>= 7
-    while n:
-        out.append(0x80 | (n & 0x7F))
-        n >>= 7
-    return bytes(reversed(out))
+def _load_fuzz():
+    """benchmarks/fuzz_midi.py: its raw-MIDI builders and its odd files, shared with these tests."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("fuzz_midi", Path(__file__).resolve().parents[1] / "benchmarks" / "fuzz_midi.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
-def chunk(kind: bytes, body: bytes) -> bytes:
-    return kind + struct.pack(">I", len(body)) + body
-
-
-def track(*events: bytes) -> bytes:
-    return chunk(b"MTrk", b"".join(events) + b"\x00\xff\x2f\x00")
-
-
-def header(fmt: int = 0, tracks: int = 1, tpq: int = 480) -> bytes:
-    return chunk(b"MThd", struct.pack(">HHH", fmt, tracks, tpq))
+fuzz = _load_fuzz()
+vlq, chunk, track, header, tempo, timesig = fuzz.vlq, fuzz.chunk, fuzz.track, fuzz.header, fuzz.tempo, fuzz.timesig
 
 
 def notes(n: int = 8, dt: int = 480) -> bytes:
     return b"".join(b"\x00\x90" + bytes([60 + i % 12, 100]) + vlq(dt) + b"\x80" + bytes([60 + i % 12, 0])
                     for i in range(n))
-
-
-def tempo(mspq: int) -> bytes:
-    return b"\x00\xff\x51\x03" + mspq.to_bytes(3, "big")
-
-
-def timesig(num: int, den_exp: int) -> bytes:
-    return b"\x00\xff\x58\x04" + bytes([num, den_exp, 24, 8])
 
 
 def write(path: Path, data: bytes) -> Path:
@@ -284,11 +268,6 @@ def test_a_folder_mode_that_writes_nothing_fails(run_cli, tmp_path):
 # ----------------------------------------------------------------------------- fuzz pass (a subset)
 
 def _fuzz_files():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("fuzz_midi", Path(__file__).resolve().parents[1] / "benchmarks" / "fuzz_midi.py")
-    fuzz = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(fuzz)
     return fuzz.odd_files()[::8]  # 36 of the 281 files of `python benchmarks/fuzz_midi.py`
 
 
