@@ -720,8 +720,8 @@ def generate(
     png: bool = typer.Option(False, "--png", help="Also draw each piece's piano roll, OUT.png beside OUT.mid."),
     audio: bool = typer.Option(False, "--audio", help="Also render each piece, OUT.wav beside OUT.mid (SoundFont: "
                                "$SPEMUSIC_SOUNDFONT, or as `spemusic render` finds one)."),
-    threads: Optional[int] = typer.Option(None, "--threads", help=THREADS_HELP + "1 for up to 2 pieces (a "
-                                          "recurrent step is too small to share), else all cores]"),
+    threads: Optional[int] = typer.Option(None, "--threads", help=THREADS_HELP + "1: a recurrent step is too "
+                                          "small to share (benchmarks/threads.py)]"),
 ):
     """Sample new pieces from scratch and write MIDI files.
 
@@ -787,8 +787,8 @@ def continue_(
     png: bool = typer.Option(False, "--png", help="Also draw each piece's piano roll, OUT.png beside OUT.mid."),
     audio: bool = typer.Option(False, "--audio", help="Also render each piece, OUT.wav beside OUT.mid (SoundFont: "
                                "$SPEMUSIC_SOUNDFONT, or as `spemusic render` finds one)."),
-    threads: Optional[int] = typer.Option(None, "--threads", help=THREADS_HELP + "1 for up to 2 pieces (a "
-                                          "recurrent step is too small to share), else all cores]"),
+    threads: Optional[int] = typer.Option(None, "--threads", help=THREADS_HELP + "1: a recurrent step is too "
+                                          "small to share (benchmarks/threads.py)]"),
 ):
     """Continue a MIDI file: the prompt is kept note for note, new bars follow.
 
@@ -858,9 +858,9 @@ def _generate_or_continue(model_name, prompt_path, prompt_bars, length, bars, nu
         soundfont = find_soundfont()  # refused before any work when there is none
         for p in paths:
             check_output_file(p.with_suffix(".wav"), overwrite, "--audio")
-    # one recurrent step is a chain of small matrix-vector products: a second thread only adds
-    # synchronisation (measured 4x slower on a busy 2-core machine)
-    _set_threads(threads, 1 if num <= 2 and device == "cpu" else None)
+    # one recurrent step is a chain of small matrix products: a second thread gains little on an
+    # idle machine and loses much on a busy one (benchmarks/results/threads.txt)
+    _set_threads(threads, 1 if device == "cpu" else None)
     prompt = None
     if prompt_path is not None:
         # read the prompt with the default tokenizer to pick a model, then with the model's own

@@ -473,6 +473,16 @@ def test_threads_option(run_cli, tiny_checkpoint, tmp_path):
     code, _, err = run_cli("generate", "--model", tiny_checkpoint, "--length", 60, "--threads", 2, "--num", 1,
                            "-o", tmp_path / "a.mid")
     assert code == 0 and torch.get_num_threads() == 2, err
+    # without --threads (nor OMP_NUM_THREADS), one thread at any --num (benchmarks/threads.py)
+    import os
+
+    env = os.environ.pop("OMP_NUM_THREADS", None)
+    try:
+        code, _, err = run_cli("generate", "--model", tiny_checkpoint, "--length", 60, "--num", 4, "-o", tmp_path / "c.mid")
+    finally:
+        if env is not None:
+            os.environ["OMP_NUM_THREADS"] = env
+    assert code == 0 and torch.get_num_threads() == 1, err
     code, _, err = run_cli("generate", "--model", tiny_checkpoint, "--length", 60, "--threads", 0, "-o", tmp_path / "b.mid")
     assert code == 1 and "--threads must be at least 1" in err and not (tmp_path / "b.mid").exists()
 
