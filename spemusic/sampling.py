@@ -116,6 +116,26 @@ def within_training(mask: np.ndarray, trained: np.ndarray | None) -> np.ndarray:
     return kept if kept.any() else mask
 
 
+def next_token_mask(grammar: REMIGrammar, st: GrammarState, trained: np.ndarray | None, *, from_scratch: bool,
+                    closing: bool = False) -> np.ndarray:
+    """The tokens that may come next in a piece, by the rules `sample` and `stream_bars` share:
+    the grammar, within the model's trained vocabulary; no EOS; and no empty bar to open a piece
+    from scratch (POP909's songs often open on rests, and the models learned it: pop-piano,
+    --bars 8, 12 seeds, 1.25 empty bars before the first note on average), nor to end a --bars
+    piece (`closing`)."""
+    empty_bar = st.last in (BAR, TIMESIG)
+    opening = from_scratch and st.bars == 1 and empty_bar
+    return within_training(grammar.allowed(st, allow_eos=False, allow_bar=not (opening or (closing and empty_bar))),
+                           trained)
+
+
+def opens_on_meter(st: GrammarState, from_scratch: bool) -> bool:
+    """A piece from scratch opens on a full bar of the model's most likely meter (taken by argmax),
+    not on a sampled pickup bar (POP909: 40% of songs open on a 1- to 3-beat pickup, and the piece
+    would then rest on a meter change the model has to remember to write)."""
+    return from_scratch and st.last == BAR and st.bars == 1
+
+
 def chord_ids(tokenizer: REMITokenizer, names: list[str]) -> list[int]:
     """Token ids of chord names (vocabulary names such as ``"A:min"``, or ``"N"``)."""
     if not tokenizer.config.chords:
@@ -247,8 +267,6 @@ def sample(model: Performer, tokenizer: REMITokenizer, *, num: int = 1, length: 
     seqs = [list(map(int, prompt)) for _ in range(num)]
     bars_started = [0] * num
     done = [False] * num
-    # from scratch, the first bar has a note: POP909's songs often open on rests, and the models
-    # learned it (pop-piano, --bars 8, 12 seeds: 1.25 empty bars before the first note on average)
     from_scratch = len(prompt) == 1
     batch_prompt = torch.from_numpy(np.tile(prompt, (num, 1))).to(device)
     logits, state = model.prime(batch_prompt, weights_dtype=weights_dtype or auto_step_dtype(device, num), all_logits=False)
@@ -271,12 +289,8 @@ def sample(model: Performer, tokenizer: REMITokenizer, *, num: int = 1, length: 
                     masks[b, tokenizer.bar_id] = True
                 else:
                     st = states[b]
-                    # no empty bar to open a piece from scratch, nor to end a --bars piece
-                    empty_bar = st.last in (BAR, TIMESIG)
-                    opening = from_scratch and st.bars == 1 and empty_bar
-                    closing = bars is not None and bars_started[b] >= bars and empty_bar
-                    masks[b] = within_training(grammar.allowed(st, allow_eos=False, allow_bar=not (opening or closing)),
-                                               trained)
+                    masks[b] = next_token_mask(grammar, st, trained, from_scratch=from_scratch,
+                                               closing=bars is not None and bars_started[b] >= bars)
                     if forced is not None:
                         force_chord(masks[b], st, forced[(bars_started[b] - 1) % len(forced)], grammar)
                     if meter_id is not None and st.last == BAR and st.bars == 1:
@@ -295,13 +309,9 @@ def sample(model: Performer, tokenizer: REMITokenizer, *, num: int = 1, length: 
             at_bar = torch.tensor([not done[b] and states[b].last == BAR for b in range(num)])
             probs = torch.softmax(filter_logits(masked, options, at_bar), dim=-1).cpu()
             nxt = torch.multinomial(probs, 1, generator=gen).squeeze(1)
-            if from_scratch:
-                # a piece from scratch opens on a full bar of the model's most likely meter, not on a
-                # sampled pickup bar (POP909: 40% of songs open on a 1- to 3-beat pickup, and the
-                # piece would then rest on a meter change the model has to remember to write)
-                for b in range(num):
-                    if not done[b] and states[b].last == BAR and states[b].bars == 1:
-                        nxt[b] = int(masked[b].argmax())
+            for b in range(num):
+                if not done[b] and opens_on_meter(states[b], from_scratch):
+                    nxt[b] = int(masked[b].argmax())
             n += 1
             for b in range(num):
                 if done[b]:
@@ -366,11 +376,10 @@ def stream_bars(model: Performer, tokenizer: REMITokenizer, *, prompt: np.ndarra
             mask = np.zeros(len(tokenizer), dtype=bool)
             mask[tokenizer.bar_id] = True
         else:
-            opening = from_scratch and st.bars == 1 and st.last in (BAR, TIMESIG)
-            mask = within_training(grammar.allowed(st, allow_eos=False, allow_bar=not opening), trained)
+            mask = next_token_mask(grammar, st, trained, from_scratch=from_scratch)
         masked = logits.float().masked_fill(~torch.from_numpy(mask).to(device), float("-inf"))
-        if from_scratch and st.last == BAR and st.bars == 1:
-            nxt = int(masked[0].argmax())  # the opening meter: the most likely, as in `sample`
+        if opens_on_meter(st, from_scratch):
+            nxt = int(masked[0].argmax())
         else:
             probs = torch.softmax(filter_logits(masked, options, torch.tensor([st.last == BAR])), dim=-1).cpu()
             nxt = int(torch.multinomial(probs, 1, generator=gen)[0, 0])
