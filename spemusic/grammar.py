@@ -13,7 +13,9 @@ because the grammar is exactly what the tokenizer writes, re-tokenizes to itself
 - Tempo required at the first Position of the piece, later only when it changes;
 - notes at one Position sorted by (program, pitch), non-decreasing; a doubled (program, pitch)
   comes longest first, then loudest (as the tokenizer sorts them); Duration only for pitched
-  programs (drums have none).
+  programs (drums have none); at most `max_notes_per_onset` notes, doubled ones included
+  (POP909 has at most 14 at one onset; without the cap a model that has lost count of its
+  notes stacked up to 44, doubling the top pitch once it could climb no higher).
 
 `strict_order=False` relaxes only the order of the notes inside one Position (any program and
 pitch, but no (program, pitch) twice, at most `max_notes_per_onset` notes): a model that has not
@@ -46,6 +48,7 @@ class GrammarState:
     note: list = field(default_factory=lambda: [-1, -1, -1])  # (program, pitch, velocity) ids of the note being written
     last_note: tuple = (-1, -1, -1, -1)  # (program, pitch, velocity, duration) ids of the last note at this Position
     used: set = field(default_factory=set)  # (program, pitch) ids already at this Position
+    notes_here: int = 0           # notes at this Position so far (doubled ones count)
     eos: bool = False
 
 
@@ -106,10 +109,8 @@ class REMIGrammar:
             m[self.pos_lo + st.pos + 1: self.pos_lo + st.bar_len] = True
             m[tok.bar_id] = allow_bar
             m[tok.eos_id] = allow_eos and last == NOTE_END  # a trailing empty bar would not round-trip
-            if last == NOTE_END and self.strict_order:
-                m[st.last_note[0]:self.prog_hi] = True
-            elif last == NOTE_END and len(st.used) < self.max_notes_per_onset:
-                m[self.prog_lo:self.prog_hi] = True
+            if last == NOTE_END and st.notes_here < self.max_notes_per_onset:
+                m[st.last_note[0] if self.strict_order else self.prog_lo:self.prog_hi] = True
         elif last == POSITION or (last == CHORD and st.tempo < 0):
             if last == POSITION:
                 m[self.chord_lo:self.chord_hi] = True
@@ -173,6 +174,7 @@ class REMIGrammar:
             st.pos = token - self.pos_lo
             st.last_note = (-1, -1, -1, -1)
             st.used = set()
+            st.notes_here = 0
             st.chord_here = False
             st.last = POSITION
         elif kind == CHORD:
@@ -188,6 +190,7 @@ class REMIGrammar:
         elif kind == PITCH:
             st.note[1] = token
             st.used.add((st.note[0], token))
+            st.notes_here += 1
             st.last = PITCH
         elif kind == VELOCITY:
             st.note[2] = token

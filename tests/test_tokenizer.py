@@ -605,3 +605,22 @@ def test_times_beyond_what_midi_holds_are_refused(tmp_path):
     far.write_bytes(b"MThd" + struct.pack(">IHHH", 6, 0, 1, 480) + b"MTrk" + struct.pack(">I", len(track)) + track)
     with pytest.raises(MidiError, match="beyond tick 2"):
         TOK.encode(far)
+
+
+@pytest.mark.parametrize("strict", [True, False])
+def test_grammar_caps_notes_per_onset(strict):
+    """At most max_notes_per_onset notes at one Position, doubled notes included: a model that
+    lost count of its notes once stacked 44 at one onset, doubling the top pitch."""
+    grammar = REMIGrammar(TOK, strict_order=strict, max_notes_per_onset=4)
+    head = ["BOS", "Bar", "TimeSig_4/4", "Position_0", "Tempo_10"]
+    # strict order: a doubled pitch comes longest first
+    notes = [["Program_0", f"Pitch_{60 if strict else 60 + i}", "Velocity_20", f"Duration_{9 - i}"] for i in range(4)]
+    prog_lo, prog_hi = TOK.range("Program")
+    for n in range(1, 5):
+        ids = TOK.tokens_to_ids(head + sum(notes[:n], []))
+        bad, st = grammar._walk(ids)
+        assert bad is None, TOK.ids_to_tokens(ids)[bad]
+        allowed = grammar.allowed(st)
+        assert allowed[prog_lo:prog_hi].any() == (n < 4), n
+        assert allowed[TOK.bar_id] and allowed[TOK.range("Position")[0] + 1]  # time can always move on
+    assert grammar.is_valid(TOK.tokens_to_ids(head + sum(notes, []) + ["EOS"]))
