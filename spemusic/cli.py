@@ -486,7 +486,7 @@ def train(
         rich_help_panel="Run", help="Recompute each block's activations in the backward pass: much less memory for long "
              "sequences, about a third more compute. \\[default: no]"),
     short_conv: Optional[int] = typer.Option(        None, "--short-conv", rich_help_panel="Model", help="Tokens each block's short causal convolution reaches back (0: none). "
-        "Added to an --init-from model that has none. \\[default: 4, or the --init-from model's]"),
+        "Added to an --init-from model that has none, or widened (farther taps at zero). \\[default: 4, or the --init-from model's]"),
     seed: Optional[int] = typer.Option(None, rich_help_panel="Optimisation", help="Random seed. \\[default: 0]"),
     max_len: Optional[int] = typer.Option(None, "--max-len", rich_help_panel="Model", help="Longest sequence of an absolute PE (ape, "
                                           "sinusoidal, axial) at generation/eval; SPE has no limit. \\[default: max(seq-len, 2048)]"),

@@ -184,14 +184,24 @@ def measure_precisions(model_cfg: ModelConfig, batch: int, seq_len: int, device:
 # ----------------------------------------------------------------------------- schedule
 
 def with_short_conv(model: Performer, k: int) -> Performer:
-    """The same model with a short convolution of `k` tokens added at zero: it computes the same
-    function until training moves the new weights."""
+    """The same model with a short convolution of `k` tokens: added at zero, or widened from a
+    shorter one with its farther taps at zero. It computes the same function until training moves
+    the new weights."""
     from dataclasses import replace
 
+    k0 = model.cfg.short_conv
+    if k < k0:
+        raise SpemusicError(f"the model has a short convolution of {k0} tokens; --short-conv {k} cannot "
+                            f"shorten it (it can only widen it)")
     with torch.random.fork_rng(devices=[]):  # the run draws the same SPE codes as without it
         new = Performer(replace(model.cfg, short_conv=k)).to(model.device)
-    missing, unexpected = new.load_state_dict(model.state_dict(), strict=False)
+    state = {n: v for n, v in model.state_dict().items() if not n.endswith(".shift")}
+    missing, unexpected = new.load_state_dict(state, strict=False)
     assert not unexpected and all(n.endswith(".shift") for n in missing), (missing, unexpected)
+    with torch.no_grad():
+        for old_block, new_block in zip(model.blocks, new.blocks):
+            if old_block.shift is not None:  # tap j-1 weighs the token j back: the near taps carry over
+                new_block.shift[:k0] = old_block.shift
     return new
 
 
@@ -446,9 +456,9 @@ def train(cfg: TrainConfig, run_dir: Path, resume: bool = False, stop_after: int
     elif base_model is not None:
         model, model_cfg = base_model.to(device), base_model.cfg
         if cfg.short_conv >= 0 and cfg.short_conv != model_cfg.short_conv:
-            if model_cfg.short_conv:
+            if cfg.short_conv < model_cfg.short_conv:
                 raise SpemusicError(f"{cfg.init_from} has a short convolution of {model_cfg.short_conv} tokens; "
-                                    f"--short-conv {cfg.short_conv} cannot change it")
+                                    f"--short-conv {cfg.short_conv} cannot shorten it (it can only widen it)")
             model = with_short_conv(model, cfg.short_conv)
             model_cfg = model.cfg
         if model_cfg.has_absolute_pe and cfg.seq_len > model_cfg.max_len:

@@ -479,6 +479,17 @@ def test_short_conv_added_at_zero_keeps_the_function():
     ids = torch.randint(0, V, (2, 200), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
         assert torch.equal(old(ids), new(ids))
+    # widened: the near taps carry over, the far ones start at zero, the function is the same
+    for b in new.blocks:
+        b.shift.data.normal_(0, 0.1)
+    wide = with_short_conv(new, 12).eval()
+    assert wide.cfg.short_conv == 12 and all(torch.equal(w.shift[:4], n.shift) and w.shift[4:].abs().sum() == 0
+                                             for w, n in zip(wide.blocks, new.blocks))
+    new.resample(3), wide.resample(3)
+    with torch.no_grad():
+        assert torch.equal(new(ids), wide(ids))
+    with pytest.raises(SpemusicError, match="cannot shorten"):
+        with_short_conv(wide, 4)
     # the old checkpoint format has no short_conv key: it reads as 0
     d = old.cfg.to_dict()
     del d["short_conv"]
