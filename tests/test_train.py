@@ -269,7 +269,7 @@ def test_fine_tune_adds_a_short_convolution(run_cli, pop_cache, tmp_path):
     assert model.cfg.short_conv == 4 and all(b.shift.abs().sum() > 0 for b in model.blocks)
     code, _, err = run_cli("train", pop_cache, "-o", tmp_path / "x", "--init-from", tmp_path / "ft4" / "last",
                            "--short-conv", 2, "--steps", 1)
-    assert code == 1 and "cannot change it" in err
+    assert code == 1 and "cannot shorten it" in err
 
 
 def test_auto_precision_measures_and_keeps_the_random_stream():
