@@ -70,7 +70,14 @@ DECISIONS = ("another note, same onset", "next onset within 1 beat", "next onset
 
 
 @torch.inference_mode()
-def decisions(model, tok, seqs) -> tuple[dict, dict, float]:
+def next_token_probs(model, seqs) -> list[np.ndarray]:
+    """Teacher-forced next-token probabilities (T-1, V) of each sequence: computed once, read by
+    both `decisions` and `stacking`."""
+    return [torch.softmax(model(torch.from_numpy(np.asarray(s, dtype=np.int64)[None, :-1])).float(), -1)[0].numpy()
+            for s in seqs]
+
+
+def decisions(model, tok, seqs, all_probs) -> tuple[dict, dict, float]:
     """Mean model probability and actual share of each decision after a note; mean probability
     the grammar mask removes there."""
     grammar = REMIGrammar(tok, strict_order=model.cfg.short_conv > 0)
@@ -79,9 +86,8 @@ def decisions(model, tok, seqs) -> tuple[dict, dict, float]:
     prog_lo, prog_hi = tok.range("Program")
     n, removed = 0, 0.0
     p_sum, a_sum = dict.fromkeys(DECISIONS, 0.0), dict.fromkeys(DECISIONS, 0)
-    for s in seqs:
+    for s, probs in zip(seqs, all_probs):
         s = np.asarray(s, dtype=np.int64)
-        probs = torch.softmax(model(torch.from_numpy(s[None, :-1])).float(), -1)[0].numpy()
         st = GrammarState()
         for i in range(len(s) - 1):
             grammar.advance(st, int(s[i]))
@@ -102,8 +108,7 @@ def decisions(model, tok, seqs) -> tuple[dict, dict, float]:
     return {k: v / n for k, v in p_sum.items()}, {k: v / n for k, v in a_sum.items()}, removed / n
 
 
-@torch.inference_mode()
-def stacking(model, tok, seqs) -> dict[int, tuple[int, float, float, float]]:
+def stacking(tok, seqs, all_probs) -> dict[int, tuple[int, float, float, float]]:
     """By the number of notes already at the onset (1..5+), after a note, teacher-forced: (decisions,
     the model's mean probability of another note there, how often the songs add one, the model's
     mean probability of a Position at or before the current one, which the grammar forbids)."""
@@ -112,9 +117,8 @@ def stacking(model, tok, seqs) -> dict[int, tuple[int, float, float, float]]:
     prog_lo, prog_hi = tok.range("Program")
     pitch_lo, pitch_hi = tok.range("Pitch")
     rows: dict[int, list] = {}
-    for s in seqs:
+    for s, probs in zip(seqs, all_probs):
         s = np.asarray(s, dtype=np.int64)
-        probs = torch.softmax(model(torch.from_numpy(s[None, :-1])).float(), -1)[0].numpy()
         pos, count = -1, 0
         for i in range(len(s) - 1):
             t = s[i]
@@ -159,8 +163,9 @@ def main() -> None:
     print(f"{'silence, share of the time':<36}{'generated':>10}{'real':>10}{'ratio':>8}")
     for k in gen_s:
         print(f"{k:<36}{gen_s[k]:>10.3f}{real_s[k]:>10.3f}{gen_s[k] / real_s[k]:>8.2f}")
-    p_real, a_real, rm_real = decisions(model, tok, real)
-    p_gen, a_gen, rm_gen = decisions(model, tok, generated)
+    real_probs = next_token_probs(model, real)
+    p_real, a_real, rm_real = decisions(model, tok, real, real_probs)
+    p_gen, a_gen, rm_gen = decisions(model, tok, generated, next_token_probs(model, generated))
     print(f"\n{'after a note':<36}{'real songs: model':>18}{'actual':>8}{'ratio':>7}"
           f"{'own pieces: model':>20}{'actual':>8}")
     for k in DECISIONS:
@@ -169,7 +174,7 @@ def main() -> None:
     print(f"{'probability the grammar removes':<36}{rm_real:>18.4f}{'':>15}{rm_gen:>20.4f}")
     print("\nafter the k-th note of an onset, real songs (teacher-forced): does the model keep count?")
     print(f"{'k':>4}{'decisions':>11}{'P(another note)':>17}{'actual':>8}{'ratio':>7}{'P(Position <= current)':>24}")
-    for k, (n, p_more, a_more, p_back) in stacking(model, tok, real).items():
+    for k, (n, p_more, a_more, p_back) in stacking(tok, real, real_probs).items():
         print(f"{str(k) + ('+' if k == 5 else ''):>4}{n:>11}{p_more:>17.3f}{a_more:>8.3f}{p_more / a_more:>7.2f}{p_back:>24.3f}")
     sizes = [np.unique(note_grid(s, tok).onset, return_counts=True)[1] for s in generated]
     real_sizes = [np.unique(note_grid(s, tok).onset, return_counts=True)[1] for s in real]
