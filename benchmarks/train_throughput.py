@@ -5,15 +5,28 @@ batch 2, gated sineSPE, short convolution of 4). The two precisions' steps alter
 figure is the median step, so that a busy or throttled machine slows both alike.
 
     python benchmarks/train_throughput.py [--steps 6] [--batch-size 2] [--seq-len 2048] [--pe sinespe]
+                                          [--short-conv 24] [--compare REV]
+
+--compare REV: the same measurement for the code of git revision REV (a temporary worktree) and
+for this tree, in alternating subprocesses (3 rounds each; the best round counts), printed side
+by side with the ratio: before/after figures from one run on one machine.
 
 Model FLOPs per token are counted by torch.utils.flop_counter on one forward+backward pass (the
-matrix products the implementation really does), so the utilisation is that of this code.
+matrix products the implementation really does), so the utilisation is that of this code. The
+step is the trainer's: its loss, its optimizer (``train.build_optimizer`` where the revision has
+it), gradient clipping.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
 import time
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -29,6 +42,14 @@ def matmul_peak(dtype: torch.dtype, n: int = 2048, reps: int = 10) -> float:
     for _ in range(reps):
         a @ b
     return 2 * n**3 * reps / (time.perf_counter() - t0)
+
+
+def make_optimizer(model):
+    try:
+        from spemusic.train import build_optimizer
+    except ImportError:  # a revision from before build_optimizer: its AdamW, as its trainer made it
+        return torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95))
+    return build_optimizer(model, 1e-4, 0.1, torch.device("cpu"))
 
 
 def train_step(model, opt, x, dtype):
@@ -48,20 +69,36 @@ def main() -> None:
     ap.add_argument("--seq-len", type=int, default=2048)
     ap.add_argument("--pe", default="sinespe")
     ap.add_argument("--attention", default="favor")
+    ap.add_argument("--short-conv", type=int, default=24, help="pop-piano v2's (c24 candidate) is 24")
+    ap.add_argument("--compare", metavar="REV", help="also measure git revision REV, side by side")
+    ap.add_argument("--json", action="store_true", help=argparse.SUPPRESS)  # one measurement, for --compare
     args = ap.parse_args()
+    if args.compare:
+        return compare(args)
     import statistics
 
     from spemusic.train import cpu_has_fast_bf16, pick_dtype
 
     torch.manual_seed(0)
-    cfg = ModelConfig.preset("small", vocab_size=589, pe=args.pe, attention=args.attention)
+    cfg = ModelConfig.preset("small", vocab_size=589, pe=args.pe, attention=args.attention,
+                             short_conv=args.short_conv)
     model = Performer(cfg).train()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    opt = make_optimizer(model)
     x = torch.randint(3, 589, (args.batch_size, args.seq_len + 1))
     tokens = args.batch_size * args.seq_len
     with FlopCounterMode(display=False) as counter:
         train_step(model, opt, x, torch.float32)
     flops_per_token = counter.get_total_flops() / tokens
+    if args.json:
+        times = {name: [] for name in ("fp32", "bf16")}
+        for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+            train_step(model, opt, x, dtype)  # warm-up
+            for _ in range(args.steps):
+                t0 = time.perf_counter()
+                train_step(model, opt, x, dtype)
+                times[name].append(time.perf_counter() - t0)
+        print(json.dumps({name: tokens / statistics.median(t) for name, t in times.items()}))
+        return
     print(f"small preset ({model.num_parameters() / 1e6:.2f}M parameters), pe={args.pe}, attention={args.attention}, "
           f"short conv {cfg.short_conv}, seq-len {args.seq_len}, batch {args.batch_size}, {torch.get_num_threads()} "
           f"threads; {flops_per_token / 1e6:.1f} MFLOP per token (forward + backward, counted)")
@@ -88,6 +125,38 @@ def main() -> None:
     if cpu_has_fast_bf16():
         print(f"before auto measured (bf16 on any CPU with bf16 instructions): {results['bf16']:,.0f} tokens/s; "
               f"now {results[chosen_name]:,.0f}, {results[chosen_name] / results['bf16']:.2f}x")
+
+
+def compare(args) -> None:
+    """Alternate subprocesses of REV's code and this tree's, 3 rounds each; print the best of each."""
+    here = Path(__file__).resolve().parent
+    repo = here.parent
+    worker = [sys.executable, str(here / "train_throughput.py"), "--json", "--steps", str(args.steps),
+              "--batch-size", str(args.batch_size), "--seq-len", str(args.seq_len), "--pe", args.pe,
+              "--attention", args.attention, "--short-conv", str(args.short_conv)]
+    with tempfile.TemporaryDirectory() as tmp:
+        base = Path(tmp) / "base"
+        subprocess.run(["git", "-C", str(repo), "worktree", "add", "--detach", str(base), args.compare],
+                       check=True, capture_output=True)
+        try:
+            best = {"before": {}, "after": {}}
+            for _ in range(3):
+                for side, root in (("before", base), ("after", repo)):
+                    env = dict(os.environ, PYTHONPATH=str(root))
+                    out = subprocess.run(worker, env=env, check=True, capture_output=True, text=True).stdout
+                    for name, tps in json.loads(out.strip().splitlines()[-1]).items():
+                        best[side][name] = max(best[side].get(name, 0.0), tps)
+        finally:
+            subprocess.run(["git", "-C", str(repo), "worktree", "remove", "--force", str(base)], check=False)
+    print(f"small preset, pe={args.pe}, attention={args.attention}, short conv {args.short_conv}, seq-len "
+          f"{args.seq_len}, batch {args.batch_size}, {torch.get_num_threads()} threads; best of 3 rounds, "
+          f"each the median of {args.steps} steps")
+    print(f"{'dtype':<6}{args.compare + ' tok/s':>22}{'this tree tok/s':>18}{'ratio':>8}")
+    for name in ("fp32", "bf16"):
+        b, a = best["before"][name], best["after"][name]
+        print(f"{name:<6}{b:>22,.0f}{a:>18,.0f}{a / b:>7.2f}x")
+    top_b, top_a = max(best["before"].values()), max(best["after"].values())
+    print(f"best precision: {top_b:,.0f} -> {top_a:,.0f} tokens/s, {top_a / top_b:.2f}x")
 
 
 if __name__ == "__main__":

@@ -356,9 +356,12 @@ class _SineFilter(torch.autograd.Function):
     trig features (shared by every layer) and the small scales, not a gated copy of x per layer.
     The (H, B, t, J, D) products are formed a tile of positions at a time, forward and backward
     (in one piece they are too large for the caches), head-major with D innermost so that the
-    elementwise products run along contiguous rows and feed one batched product per tile. Products
-    run in ``mm_dtype`` (bf16 under autocast), the rest in fp32. trig is expected as a view of a
-    (T, H, J, D)-contiguous tensor (``SineSPE.features`` makes it so); any layout is correct.
+    elementwise products run along contiguous rows and feed one batched product per tile. The
+    tiles' elementwise products and the batched products run in ``mm_dtype`` (bf16 under autocast:
+    the tile is the filter's largest tensor, and converting it to and from fp32 took more time than
+    the products); the sums over positions (the gradients of the small per-feature factors)
+    accumulate in fp32. trig is expected as a view of a (T, H, J, D)-contiguous tensor
+    (``SineSPE.features`` makes it so); any layout is correct.
     """
 
     @staticmethod
@@ -369,15 +372,16 @@ class _SineFilter(torch.autograd.Function):
         zz = zz.to(mm_dtype)
         out = x.new_empty(B, H, T, zz.shape[-1], dtype=mm_dtype)
         for t0, t1 in _tiles(B, T):
-            p = _SineFilter._x(x, t0, t1) * _SineFilter._feats(trig, scale, extra, t0, t1)[:, None]
-            res = torch.bmm(p.to(mm_dtype).view(H, B * (t1 - t0), -1), zz)
+            f = _SineFilter._feats(trig, scale, extra, t0, t1).to(mm_dtype)
+            p = _SineFilter._x(x, t0, t1, mm_dtype) * f[:, None]
+            res = torch.bmm(p.view(H, B * (t1 - t0), -1), zz)
             out[:, :, t0:t1] = res.view(H, B, t1 - t0, -1).transpose(0, 1)
         return out.transpose(1, 2)
 
     @staticmethod
-    def _x(x, t0, t1):
-        """x's tile as (H, B, t, 1, D) fp32."""
-        return x[:, t0:t1].permute(2, 0, 1, 3)[..., None, :].float()
+    def _x(x, t0, t1, dtype):
+        """x's tile as (H, B, t, 1, D) in dtype."""
+        return x[:, t0:t1].permute(2, 0, 1, 3)[..., None, :].to(dtype)
 
     @staticmethod
     def _feats(trig, scale, extra, t0, t1):
@@ -400,10 +404,10 @@ class _SineFilter(torch.autograd.Function):
         for t0, t1 in _tiles(B, T):
             t = t1 - t0
             g = grad[:, t0:t1].permute(2, 0, 1, 3).to(ctx.mm_dtype).reshape(H, B * t, -1)
-            gp = torch.bmm(g, zzt).float().view(H, B, t, -1, D)
-            f = _SineFilter._feats(trig, scale, extra, t0, t1)  # (H, t, J', D)
-            grad_x[:, t0:t1] = (gp * f[:, None]).sum(3).permute(1, 2, 0, 3)
-            gf = (gp * _SineFilter._x(x, t0, t1)).sum(1)  # (H, t, J', D)
+            gp = torch.bmm(g, zzt).view(H, B, t, -1, D)  # in mm_dtype
+            f = _SineFilter._feats(trig, scale, extra, t0, t1)  # (H, t, J', D) fp32
+            grad_x[:, t0:t1] = (gp * f.to(gp.dtype)[:, None]).sum(3).permute(1, 2, 0, 3)
+            gf = (gp * _SineFilter._x(x, t0, t1, gp.dtype)).sum(1, dtype=torch.float32)  # (H, t, J', D)
             gs = gf[:, :, :J]
             if grad_trig is not None:
                 grad_trig[t0:t1] = (gs * scale.transpose(1, 2)[:, None]).permute(1, 0, 3, 2)
