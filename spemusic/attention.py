@@ -94,6 +94,7 @@ def chunked_linear_attention(
     state: torch.Tensor | None = None,
     return_state: bool = False,
     eps: float = EPS,
+    mm_dtype: torch.dtype | None = None,
 ):
     """Causal linear attention o_t = Σ_{s≤t} (qf_t·kf_s) v_s / Σ_{s≤t} qf_t·kf_s.
 
@@ -103,10 +104,13 @@ def chunked_linear_attention(
     O(T·(M + Dv + C) + T/C·M·Dv): never the per-position outer products.
 
     state: optional (B, H, M, Dv+1) running state of earlier positions.
+    mm_dtype: the products' input dtype (bf16 in training under autocast: each product's sums
+    still accumulate in fp32 and the running state is summed in fp32); None: fp32 throughout.
     Returns o (B, H, T, Dv) fp32 [, final state (B, H, M, Dv+1) fp32].
     """
+    mm = mm_dtype or torch.float32
     with torch.autocast(device_type=qf.device.type, enabled=False):
-        qf, kf, v = qf.float(), kf.float(), v.float()
+        qf, kf, v = qf.to(mm), kf.to(mm), v.to(mm)
         B, H, T, M = qf.shape
         Dv = v.shape[-1]
         C = max(1, min(chunk_size, T))
@@ -123,13 +127,13 @@ def chunked_linear_attention(
         vv = v1.view(B, H, N, C, Dv + 1)
         mask = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()
         a = (q @ k.transpose(-1, -2)).masked_fill(~mask, 0.0)
-        out = a @ vv  # intra-chunk
-        chunk_states = k.transpose(-1, -2) @ vv  # (B, H, N, M, Dv+1)
+        out = (a @ vv).float()  # intra-chunk
+        chunk_states = (k.transpose(-1, -2) @ vv).float()  # (B, H, N, M, Dv+1)
         cum = chunk_states.cumsum(2)
         prev = torch.cat((torch.zeros_like(cum[:, :, :1]), cum[:, :, :-1]), 2)
         if state is not None:
             prev = prev + state[:, :, None].float()
-        out = out + q @ prev  # inter-chunk
+        out = out + (q @ prev.to(mm)).float()  # inter-chunk
         out = out.reshape(B, H, N * C, Dv + 1)[:, :, :T]
         o = out[..., :Dv] / (out[..., Dv:] + eps)
         if not return_state:

@@ -36,6 +36,7 @@ from spemusic.attention import (
     orthogonal_features,
 )
 from spemusic import recurrent
+from spemusic.compiled import compiled
 from spemusic.errors import SpemusicError
 from spemusic.positional import AbsolutePE, build_absolute_pe
 from spemusic.recurrent import State
@@ -204,15 +205,18 @@ class Attention(nn.Module):
         q, k, v = self._qkv(x, norm, ctx)
         st = None
         if self.favor:
-            with torch.autocast(device_type=x.device.type, enabled=False):
+            dev = x.device.type
+            mm_dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else None
+            with torch.autocast(device_type=dev, enabled=False):
                 om = self._scaled_omega()
                 qf = favor_query(q.float(), om)
                 kf = favor_key(k.float(), om, self.dk ** -0.5)
                 if self.training and torch.is_grad_enabled() and not want_state:
                     # keep only φ(q̂), φ(k̂), v for the backward pass (autograd holds them anyway):
-                    # the C×C chunk products and chunk states are recomputed, ~4% of a step
+                    # the C×C chunk products and chunk states are recomputed, ~4% of a step.
+                    # Under autocast the products run in its dtype (the state sums stay fp32)
                     res = torch.utils.checkpoint.checkpoint(chunked_linear_attention, qf, kf, v, self.cfg.chunk_size,
-                                                            use_reentrant=False)
+                                                            mm_dtype=mm_dtype, use_reentrant=False)
                 else:
                     res = chunked_linear_attention(qf, kf, v, self.cfg.chunk_size, state=state, return_state=want_state)
             if want_state:
@@ -345,7 +349,10 @@ class Block(nn.Module):
                 history = seen[:, -K:].flip(1).float()
                 if history.shape[1] < K:
                     history = F.pad(history, (0, 0, 0, K - history.shape[1]))
-            x = x + short_conv(x, self.shift, before)
+            if before is None and torch.is_grad_enabled() and x.requires_grad:  # training: fixed shapes
+                x = x + compiled(short_conv)(x, self.shift)
+            else:
+                x = x + short_conv(x, self.shift, before)
         a, st = self.attn(x, self.ln1, ctx, want_state, state)
         x = x + a
         return x + self.ffn(x), st, history

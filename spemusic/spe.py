@@ -39,6 +39,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from .compiled import compiled
+
 __all__ = ["SineSPE", "ConvSPE", "SPEFilter", "SineCode", "ConvCode", "mix_seed"]
 
 NOISE_BLOCK = 256  # positions per reproducible convSPE noise block
@@ -371,50 +373,71 @@ class _SineFilter(torch.autograd.Function):
         B, T, H, _ = x.shape
         zz = zz.to(mm_dtype)
         out = x.new_empty(B, H, T, zz.shape[-1], dtype=mm_dtype)
+        # training (x needs a gradient): the compiled tile product; elsewhere shapes vary, eager
+        product = compiled(_tile_product) if x.requires_grad else _tile_product
         for t0, t1 in _tiles(B, T):
-            f = _SineFilter._feats(trig, scale, extra, t0, t1).to(mm_dtype)
-            p = _SineFilter._x(x, t0, t1, mm_dtype) * f[:, None]
+            p = product(_tile_x(x, t0, t1), trig[t0:t1], scale, extra, mm_dtype)
             res = torch.bmm(p.view(H, B * (t1 - t0), -1), zz)
             out[:, :, t0:t1] = res.view(H, B, t1 - t0, -1).transpose(0, 1)
         return out.transpose(1, 2)
 
     @staticmethod
-    def _x(x, t0, t1, dtype):
-        """x's tile as (H, B, t, 1, D) in dtype."""
-        return x[:, t0:t1].permute(2, 0, 1, 3)[..., None, :].to(dtype)
-
-    @staticmethod
-    def _feats(trig, scale, extra, t0, t1):
-        """The tile's per-feature factors trig · scale [, extra]: (H, t, J[+1], D)."""
-        f = trig[t0:t1].permute(1, 0, 3, 2) * scale.transpose(1, 2)[:, None]
-        if extra is None:
-            return f
-        return torch.cat((f, extra.transpose(1, 2)[:, None].expand(-1, t1 - t0, -1, -1)), 2)
-
-    @staticmethod
     def backward(ctx, grad):
         x, trig, scale, extra, zz = ctx.saved_tensors
         B, T, H, D = x.shape
-        J = trig.shape[-1]
         zzt = zz.to(ctx.mm_dtype).transpose(1, 2)
+        want_trig = ctx.needs_input_grad[1]
         grad_x = torch.empty_like(x)
-        grad_trig = torch.empty_like(trig) if ctx.needs_input_grad[1] else None
+        grad_trig = torch.empty_like(trig) if want_trig else None
         grad_scale = torch.zeros_like(scale)
         grad_extra = torch.zeros_like(extra) if extra is not None else None
         for t0, t1 in _tiles(B, T):
             t = t1 - t0
             g = grad[:, t0:t1].permute(2, 0, 1, 3).to(ctx.mm_dtype).reshape(H, B * t, -1)
-            gp = torch.bmm(g, zzt).view(H, B, t, -1, D)  # in mm_dtype
-            f = _SineFilter._feats(trig, scale, extra, t0, t1)  # (H, t, J', D) fp32
-            grad_x[:, t0:t1] = (gp * f.to(gp.dtype)[:, None]).sum(3).permute(1, 2, 0, 3)
-            gf = (gp * _SineFilter._x(x, t0, t1, gp.dtype)).sum(1, dtype=torch.float32)  # (H, t, J', D)
-            gs = gf[:, :, :J]
-            if grad_trig is not None:
-                grad_trig[t0:t1] = (gs * scale.transpose(1, 2)[:, None]).permute(1, 0, 3, 2)
-            grad_scale += (gs * trig[t0:t1].permute(1, 0, 3, 2)).sum(1).transpose(1, 2)
+            gp = torch.bmm(g, zzt).view(H, B, t, -1, D)  # ∂L/∂(GEMM input), in mm_dtype
+            gx, gt, gs, ge = compiled(_tile_grads)(gp, _tile_x(x, t0, t1), trig[t0:t1], scale, extra, want_trig)
+            grad_x[:, t0:t1] = gx
+            grad_scale += gs
+            if want_trig:
+                grad_trig[t0:t1] = gt
             if extra is not None:
-                grad_extra += gf[:, :, J:].sum(1).transpose(1, 2)
+                grad_extra += ge
         return grad_x, grad_trig, grad_scale, grad_extra, None, None
+
+
+def _tile_x(x, t0, t1):
+    """x's tile as a (H, B, t, 1, D) view."""
+    return x[:, t0:t1].permute(2, 0, 1, 3)[..., None, :]
+
+
+def _tile_features(trig, scale, extra):
+    """A tile's per-feature factors trig · scale [, extra]: (H, t, J[+1], D) from trig (t, H, D, J)."""
+    f = trig.permute(1, 0, 3, 2) * scale.transpose(1, 2)[:, None]
+    if extra is None:
+        return f
+    return torch.cat((f, extra.transpose(1, 2)[:, None].expand(-1, f.shape[1], -1, -1)), 2)
+
+
+def _tile_product(x, trig, scale, extra, dtype):
+    """The GEMM input of one tile, in dtype: x (H, B, t, 1, D) times its features (H, t, J', D)."""
+    return x.to(dtype) * _tile_features(trig, scale, extra).to(dtype)[:, None]
+
+
+def _tile_grads(gp, x, trig, scale, extra, want_trig: bool):
+    """One tile's gradients from gp = ∂L/∂(x·features) (H, B, t, J', D), summed in fp32:
+    ∂L/∂x (B, t, H, D) in x's dtype, ∂L/∂trig (t, H, D, J) (None unless want_trig), and this
+    tile's shares of ∂L/∂scale (H, D, J) and ∂L/∂extra (H, D, 1) (None without extra)."""
+    J = trig.shape[-1]
+    f = _tile_features(trig, scale, extra)
+    gx = (gp.float() * f[:, None]).sum(3).to(x.dtype).permute(1, 2, 0, 3)
+    gf = (gp.float() * x.float()).sum(1)  # (H, t, J', D)
+    gs = gf[:, :, :J]
+    # ∂L/∂trig laid out as trig is ((t, H, J, D) in memory, seen as (t, H, D, J)), so that storing
+    # it is a plain copy, not a transposing one
+    g_trig = (gs * scale.transpose(1, 2)[:, None]).permute(1, 0, 2, 3).contiguous().transpose(2, 3) if want_trig else None
+    g_scale = (gs * trig.permute(1, 0, 3, 2)).sum(1).transpose(1, 2)
+    g_extra = gf[:, :, J:].sum(1).transpose(1, 2) if extra is not None else None
+    return gx, g_trig, g_scale, g_extra
 
 
 def _tiles(B: int, T: int):

@@ -7,6 +7,10 @@ from pathlib import Path
 
 import pytest
 
+# The tests run the training step's compiled regions uncompiled (compiling every test's shapes
+# would cost minutes); the tests that take the `compiling` fixture check the compiled ones.
+os.environ.setdefault("TORCH_COMPILE_DISABLE", "1")
+
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO / ".." / "shared" / "data"
 
@@ -119,3 +123,16 @@ def examples(tmp_path_factory) -> dict[str, Path]:
     drum_groove().dump(str(paths["groove"]))
     piano_phrase().dump(str(paths["piano"]))
     return paths
+
+
+@pytest.fixture
+def compiling(monkeypatch):
+    """torch.compile on for this test (conftest turns it off for the others)."""
+    import torch._dynamo
+
+    from spemusic import compiled
+
+    monkeypatch.setattr(torch._dynamo.config, "disable", False)
+    monkeypatch.setattr(compiled, "_REGIONS", {})
+    yield
+    torch._dynamo.reset()

@@ -280,13 +280,16 @@ def test_tiled_sine_filter_matches_the_materialised_code(monkeypatch):
                               atol=1e-4)
 
 
-@pytest.mark.parametrize("gated", [True, False])
-def test_sine_filter_gradients_match_the_plain_formula(monkeypatch, gated):
+@pytest.mark.parametrize("gated,compile_regions", [(True, False), (False, False), (True, True)])
+def test_sine_filter_gradients_match_the_plain_formula(monkeypatch, request, gated, compile_regions):
     """The hand-written filter (and its cos/sin) against autograd through the textbook formula
     q̂ = Σ_d q_d Q̄'_d with Q̄ = Σ_k λ_k [cos(2πf_k m + θ_k) Z_k,1 + sin(2πf_k m + θ_k) Z_k,2],
     Q̄' = √(1-g) Q̄ + √g ε: outputs and every gradient (q, k, frequencies, phases, gains, gate),
-    in one tile and in uneven tiles."""
+    in one tile and in uneven tiles; also with the tiles' products compiled, as training runs them."""
     import spemusic.spe as spe_module
+
+    if compile_regions:
+        request.getfixturevalue("compiling")
 
     torch.manual_seed(0)
     B, T, H, D, K, R = 3, 37, 2, 4, 3, 8

@@ -1,0 +1,56 @@
+"""The training step's compiled regions compute what their plain functions compute, a machine
+where compiling fails trains uncompiled, and bf16 chunk products keep the attention state fp32."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from spemusic import compiled
+from spemusic.attention import chunked_linear_attention
+from spemusic.model import short_conv
+
+
+def test_compiled_short_conv_equals_the_plain_one(compiling):
+    torch.manual_seed(0)
+    x = torch.randn(2, 50, 16, requires_grad=True)
+    w = torch.randn(6, 16, requires_grad=True)
+    g = torch.randn(2, 50, 16)
+    plain = short_conv(x, w)
+    plain_grads = torch.autograd.grad((plain * g).sum(), (x, w))
+    region = compiled.compiled(short_conv)
+    fast = region(x, w)
+    fast_grads = torch.autograd.grad((fast * g).sum(), (x, w))
+    assert region.compiled is not None  # it really ran compiled, not the fallback
+    torch.testing.assert_close(fast, plain)
+    for a, b in zip(fast_grads, plain_grads):
+        torch.testing.assert_close(a, b)
+
+
+def test_a_failed_compile_runs_uncompiled_and_says_so_once(compiling):
+    def double(x):
+        return 2 * x
+
+    region = compiled.compiled(double)
+
+    def broken(*args):
+        raise RuntimeError("Compiler: cc not found\nmore detail")
+
+    region.compiled = broken
+    with pytest.warns(UserWarning, match=r"torch.compile of double failed \(RuntimeError: Compiler: cc not found\)"):
+        assert torch.equal(region(torch.ones(3)), torch.full((3,), 2.0))
+    assert region.compiled is None
+    assert torch.equal(region(torch.ones(2)), torch.full((2,), 2.0))  # no second warning (pytest would fail)
+
+
+def test_bf16_chunk_products_keep_the_attention_state_fp32():
+    torch.manual_seed(0)
+    B, H, T, M, Dv = 2, 3, 200, 16, 8
+    qf, kf = torch.rand(B, H, T, M) + 0.1, torch.rand(B, H, T, M) + 0.1
+    v = torch.randn(B, H, T, Dv)
+    o32, s32 = chunked_linear_attention(qf, kf, v, chunk_size=32, return_state=True)
+    o16, s16 = chunked_linear_attention(qf, kf, v, chunk_size=32, return_state=True, mm_dtype=torch.bfloat16)
+    assert o16.dtype == torch.float32 and s16.dtype == torch.float32
+    torch.testing.assert_close(o16, o32, rtol=0, atol=2e-2)
+    # bf16 inputs (8-bit mantissas) to sums of 200 terms: within 2% of the state's scale
+    torch.testing.assert_close(s16, s32, rtol=0, atol=0.02 * float(s32.abs().max()))
