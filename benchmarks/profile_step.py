@@ -6,7 +6,9 @@ full step; "not in a part" is the rest (residual adds, autograd bookkeeping, gra
 
     python benchmarks/profile_step.py [--preset small] [--seq-len 2048] [--batch-size 2] [--reps 3]
 
-Defaults: the configuration pop-piano v2 trains with.
+Defaults: the configuration pop-piano v2 trains with. The regions training compiles (the sineSPE
+filter's tiles, the short convolution) are compiled here too, and the chunk products run in bf16
+under autocast, as in training.
 """
 
 from __future__ import annotations
@@ -20,7 +22,9 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from spemusic import ModelConfig, Performer
 from spemusic.attention import chunked_linear_attention, favor_key, favor_query
+from spemusic.compiled import compiled
 from spemusic.model import gelu_linear, norm_linear, short_conv
+from spemusic.train import build_optimizer
 from train_throughput import matmul_peak  # (benchmarks/, the script's own folder)
 
 
@@ -84,16 +88,17 @@ def parts(model: Performer, B: int, T: int):
 
     def attention():
         qf.grad = kf.grad = None
+        mm_dtype = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else None
         with torch.autocast("cpu", enabled=False):
             # as in training: the chunk products are recomputed in the backward pass
             o = torch.utils.checkpoint.checkpoint(chunked_linear_attention, qf, kf, leaf(B, H, T, D, name="v"),
-                                                  cfg.chunk_size, use_reentrant=False)
+                                                  cfg.chunk_size, mm_dtype=mm_dtype, use_reentrant=False)
         backward(o)
     out.append((f"chunked linear attention (chunk {cfg.chunk_size})", cfg.n_layers, attention))
 
     if cfg.short_conv:
         def shift():
-            backward(short_conv(leaf(B, T, d), blk.shift))
+            backward(compiled(short_conv)(leaf(B, T, d), blk.shift))  # as in training
         out.append((f"short convolution ({cfg.short_conv} tokens)", cfg.n_layers, shift))
 
     def head():
@@ -118,7 +123,7 @@ def time_it(fn, dtype, reps: int) -> float:
 
 
 def flops(fn) -> float:
-    with FlopCounterMode(display=False) as counter:
+    with torch._dynamo.config.patch(disable=True), FlopCounterMode(display=False) as counter:
         fn()
     return counter.get_total_flops()
 
@@ -129,14 +134,15 @@ def main() -> None:
     ap.add_argument("--seq-len", type=int, default=2048)
     ap.add_argument("--batch-size", type=int, default=2)
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--short-conv", type=int, default=24, help="pop-piano v2's (c24 candidate) is 24")
     args = ap.parse_args()
     torch.manual_seed(0)
     B, T = args.batch_size, args.seq_len
-    model = Performer(ModelConfig.preset(args.preset, vocab_size=589)).train()
+    model = Performer(ModelConfig.preset(args.preset, vocab_size=589, short_conv=args.short_conv)).train()
     for b in model.blocks:  # non-zero, as after training (the cost does not depend on it)
         if b.shift is not None:
             b.shift.data.normal_(0, 0.1)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95))
+    opt = build_optimizer(model, 1e-4, 0.1, torch.device("cpu"))
     ids = torch.randint(0, 589, (B, T + 1))
 
     def full_step():

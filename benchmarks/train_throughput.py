@@ -5,7 +5,7 @@ batch 2, gated sineSPE, short convolution of 4). The two precisions' steps alter
 figure is the median step, so that a busy or throttled machine slows both alike.
 
     python benchmarks/train_throughput.py [--steps 6] [--batch-size 2] [--seq-len 2048] [--pe sinespe]
-                                          [--short-conv 24] [--compare REV]
+                                          [--short-conv 24] [--compare REV] [--cold]
 
 --compare REV: the same measurement for the code of git revision REV (a temporary worktree) and
 for this tree, in alternating subprocesses (3 rounds each; the best round counts), printed side
@@ -71,8 +71,11 @@ def main() -> None:
     ap.add_argument("--attention", default="favor")
     ap.add_argument("--short-conv", type=int, default=24, help="pop-piano v2's (c24 candidate) is 24")
     ap.add_argument("--compare", metavar="REV", help="also measure git revision REV, side by side")
+    ap.add_argument("--cold", action="store_true", help="compile into an empty inductor cache (a first run)")
     ap.add_argument("--json", action="store_true", help=argparse.SUPPRESS)  # one measurement, for --compare
     args = ap.parse_args()
+    if args.cold:
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="inductor-cold-")
     if args.compare:
         return compare(args)
     import statistics
@@ -86,7 +89,7 @@ def main() -> None:
     opt = make_optimizer(model)
     x = torch.randint(3, 589, (args.batch_size, args.seq_len + 1))
     tokens = args.batch_size * args.seq_len
-    with FlopCounterMode(display=False) as counter:
+    with torch._dynamo.config.patch(disable=True), FlopCounterMode(display=False) as counter:
         train_step(model, opt, x, torch.float32)
     flops_per_token = counter.get_total_flops() / tokens
     if args.json:
@@ -105,7 +108,10 @@ def main() -> None:
     dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16}
     times = {name: [] for name in dtypes}
     for name, dtype in dtypes.items():
-        train_step(model, opt, x, dtype)  # warm-up
+        t0 = time.perf_counter()
+        train_step(model, opt, x, dtype)  # warm-up: compiles the step's compiled regions for this dtype
+        print(f"first {name} step (compiling, inductor cache {'cold' if args.cold else 'as found'}): "
+              f"{time.perf_counter() - t0:.1f} s")
     for _ in range(args.steps):
         for name, dtype in dtypes.items():
             t0 = time.perf_counter()

@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from . import checkpoint
+from . import checkpoint, compiled
 from .data import WindowSampler, fixed_windows, open_dataset, trained_vocabulary
 from .errors import SpemusicError
 from .files import check_output_folder, write_atomically
@@ -560,6 +560,8 @@ def train(cfg: TrainConfig, run_dir: Path, resume: bool = False, stop_after: int
                       f"{cache.index['splits']['train']['tokens']:,} tokens, valid {cache.index['splits']['valid']['files']} files")
         for warning in _warnings(cfg, cache, has_valid):
             console.print(f"[yellow]warning:[/] {warning}", highlight=False)
+        if compiled.unavailable():
+            console.print(f"note: the step's compiled regions run uncompiled: {compiled.unavailable()}", highlight=False)
 
     def save(names: list[str]) -> None:
         if not all(torch.isfinite(p).all() for p in model.parameters()):  # never saved as best or last

@@ -134,5 +134,6 @@ def compiling(monkeypatch):
 
     monkeypatch.setattr(torch._dynamo.config, "disable", False)
     monkeypatch.setattr(compiled, "_REGIONS", {})
+    monkeypatch.setattr(compiled, "_failure", None)
     yield
     torch._dynamo.reset()

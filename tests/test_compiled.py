@@ -3,6 +3,8 @@ where compiling fails trains uncompiled, and bf16 chunk products keep the attent
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 
@@ -37,10 +39,16 @@ def test_a_failed_compile_runs_uncompiled_and_says_so_once(compiling):
         raise RuntimeError("Compiler: cc not found\nmore detail")
 
     region.compiled = broken
-    with pytest.warns(UserWarning, match=r"torch.compile of double failed \(RuntimeError: Compiler: cc not found\)"):
+    assert compiled.unavailable() is None
+    with pytest.warns(UserWarning, match=r"torch.compile failed \(RuntimeError: Compiler: cc not found\); the step"):
         assert torch.equal(region(torch.ones(3)), torch.full((3,), 2.0))
-    assert region.compiled is None
-    assert torch.equal(region(torch.ones(2)), torch.full((2,), 2.0))  # no second warning (pytest would fail)
+    assert "Compiler: cc not found" in compiled.unavailable()
+    other = compiled.compiled(short_conv)  # every region now runs uncompiled, without a second warning
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert torch.equal(region(torch.ones(2)), torch.full((2,), 2.0))
+        x, w = torch.randn(1, 5, 3), torch.randn(2, 3)
+        torch.testing.assert_close(other(x, w), short_conv(x, w))
 
 
 def test_bf16_chunk_products_keep_the_attention_state_fp32():
