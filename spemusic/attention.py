@@ -4,7 +4,7 @@ recurrent step, and softmax attention with a KV cache.
 FAVOR+ (Choromanski et al. 2021) approximates exp(q·k) by φ(q)·φ(k) with
 positive random features φ(x) = exp(ωᵀx - |x|²/2) / √M and orthogonal ω.
 
-Stabiliser (GUIDE §3). Subtracting a max over the whole sequence is
+Stabiliser. Subtracting a max over the whole sequence is
 non-causal and cannot be reproduced step by step, so:
 
 * queries: subtract the per-position max over features of ωᵀx (and drop the

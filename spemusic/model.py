@@ -9,7 +9,7 @@ an O(1)-per-token recurrent path (generation).
     logits, state = model.prime(ids)         # one parallel pass over a prompt
     logits, state = model.step(state, nxt)   # (B,) -> (B, V); state updated in place
 
-Design notes (see GUIDE §2-3):
+Design notes (SPE: Liutkus et al., ICML 2021; FAVOR+: Choromanski et al., ICLR 2021):
 * One SPE code per sequence batch (training: fresh each forward; eval: fixed by
   ``resample``), shared by all layers when ``share_pe``; every layer has its own
   gate. The code is applied to q, k after the projections (per head), giving
