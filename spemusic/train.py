@@ -552,6 +552,8 @@ def train(cfg: TrainConfig, run_dir: Path, resume: bool = False, stop_after: int
         which = checkpoint.run_checkpoint_used(cfg.init_from) if cfg.init_from else None
         if which:
             start += f" ({which})"
+        if step:
+            start = f"resuming {run_dir} at step {step:,} ({start})"
         console.print(f"[bold]spemusic train[/]: {start} ({n_params / 1e6:.2f}M parameters), pe={cfg.pe}"
                       f"{' gated' if cfg.gated and cfg.pe in ('sinespe', 'convspe') else ''}, attention={cfg.attention}, "
                       f"seq-len {cfg.seq_len}, {tokens_per_step} tokens/step, {cfg.steps} steps, "
