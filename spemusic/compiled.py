@@ -20,7 +20,6 @@ import warnings
 from typing import Callable
 
 import torch
-import torch._dynamo
 
 _REGIONS: dict[Callable, "_CompiledOrEager"] = {}
 _failure: str | None = None  # why compiling failed in this process, once it has
@@ -28,6 +27,8 @@ _failure: str | None = None  # why compiling failed in this process, once it has
 
 def unavailable() -> str | None:
     """Why the regions run uncompiled in this process (None: they are compiled)."""
+    import torch._dynamo  # here, not at the top: importing it takes as long as importing torch
+
     if torch._dynamo.config.disable:
         return "torch.compile is disabled (TORCH_COMPILE_DISABLE)"
     if not _has_compiler():
