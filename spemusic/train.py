@@ -404,7 +404,10 @@ def train(cfg: TrainConfig, run_dir: Path, resume: bool = False, stop_after: int
         if cache and not Path(saved.data).exists() and Path(cache).is_dir():
             saved.data = cache  # a run recorded with a relative DATA, resumed elsewhere
         # options given again on resume may only extend the run, not change the model or data
-        saved.steps = max(saved.steps, cfg.steps) if cfg.steps else saved.steps
+        if cfg.steps and cfg.steps < saved.steps:
+            raise SpemusicError(f"--steps {cfg.steps} is below the run's {saved.steps} steps: a resumed run can only "
+                                "grow (stop it earlier with --stop-after)")
+        saved.steps = cfg.steps or saved.steps
         saved.epochs = 0.0  # a run started with --epochs recorded the steps they came to
         cfg = saved
     cfg.check()

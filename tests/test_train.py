@@ -192,6 +192,8 @@ def test_resume_from_another_folder_and_stop_after_says_how(run_cli, pop_subset,
                            "--steps", 4, "--stop-after", 2, "--val-every", 100)
     assert code == 0 and "stopped (--stop-after): step 2/4" in err and "train --resume run" in err, err
     monkeypatch.chdir(tmp_path)
+    code, _, err = run_cli("train", "--resume", work / "run", "--steps", 3)  # was silently taken as 4
+    assert code == 1 and "--steps 3 is below the run's 4 steps" in " ".join(err.split()), err
     code, _, err = run_cli("train", "--resume", work / "run")
     assert code == 0 and "done: step 4/4" in err, err
     # a run planned in epochs resumes too (its record holds the steps they came to)
