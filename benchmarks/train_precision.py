@@ -14,18 +14,16 @@ re-barred by its beats, with chords (the tokenizer cache that `spemusic train` m
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
-import os
-import subprocess
-import sys
-import tempfile
 from pathlib import Path
 
 import numpy as np
 import torch
 
-HERE = Path(__file__).resolve().parent
-DATA = HERE.parent / ".." / "shared" / "data" / "pop909"
+from revision import REPO, checkout, run_json  # (benchmarks/, the script's own folder)
+
+DATA = REPO / ".." / "shared" / "data" / "pop909"
 
 
 def run(args) -> dict:
@@ -78,24 +76,13 @@ def main() -> None:
     if args.json:
         print(json.dumps(run(args)))
         return
-    sides = {"this tree": HERE.parent}
-    with tempfile.TemporaryDirectory() as tmp:
-        if args.compare:
-            base = Path(tmp) / "base"
-            subprocess.run(["git", "-C", str(HERE.parent), "worktree", "add", "--detach", str(base), args.compare],
-                           check=True, capture_output=True)
-            sides = {args.compare: base, **sides}
-        try:
-            results = {}
-            for side, root in sides.items():
-                cmd = [sys.executable, str(HERE / "train_precision.py"), "--json", "--steps", str(args.steps),
-                       "--seq-len", str(args.seq_len), "--lr", str(args.lr), "--data", args.data, "--model", args.model]
-                out = subprocess.run(cmd, env=dict(os.environ, PYTHONPATH=str(root)), check=True,
-                                     capture_output=True, text=True).stdout
-                results[side] = json.loads(out.strip().splitlines()[-1])
-        finally:
-            if args.compare:
-                subprocess.run(["git", "-C", str(HERE.parent), "worktree", "remove", "--force", str(base)], check=False)
+    worker = ["--steps", args.steps, "--seq-len", args.seq_len, "--lr", args.lr, "--data", args.data,
+              "--model", args.model]
+    script = Path(__file__)
+    with contextlib.ExitStack() as stack:
+        sides = {args.compare: stack.enter_context(checkout(args.compare))} if args.compare else {}
+        sides["this tree"] = REPO
+        results = {side: run_json(script, worker, root) for side, root in sides.items()}
     print(f"{args.model} fine-tuned {args.steps} steps (seq-len {args.seq_len}, batch 2, lr {args.lr:g}) on POP909 "
           f"train windows; valid NLL (nats/token, fp32 evaluation, 16 fixed windows), two seeds each")
     print(f"{'code':<14}{'fp32 seed 0':>12}{'seed 1':>9}{'bf16 seed 0':>13}{'seed 1':>9}{'bf16 - fp32':>13}{'seed spread':>13}")

@@ -22,8 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
-import sys
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -33,6 +32,7 @@ import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
 from spemusic import ModelConfig, Performer
+from revision import REPO, checkout, run_json  # (benchmarks/, the script's own folder)
 
 
 def matmul_peak(dtype: torch.dtype, n: int = 2048, reps: int = 10) -> float:
@@ -50,6 +50,12 @@ def make_optimizer(model):
     except ImportError:  # a revision from before build_optimizer: its AdamW, as its trainer made it
         return torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95))
     return build_optimizer(model, 1e-4, 0.1, torch.device("cpu"))
+
+
+def timed_step(model, opt, x, dtype) -> float:
+    t0 = time.perf_counter()
+    train_step(model, opt, x, dtype)
+    return time.perf_counter() - t0
 
 
 def train_step(model, opt, x, dtype):
@@ -78,8 +84,6 @@ def main() -> None:
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="inductor-cold-")
     if args.compare:
         return compare(args)
-    import statistics
-
     from spemusic.train import cpu_has_fast_bf16, pick_dtype
 
     torch.manual_seed(0)
@@ -89,41 +93,30 @@ def main() -> None:
     opt = make_optimizer(model)
     x = torch.randint(3, 589, (args.batch_size, args.seq_len + 1))
     tokens = args.batch_size * args.seq_len
+    dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16}
+    # the first step of each dtype compiles the step's compiled regions for it
+    first = {name: timed_step(model, opt, x, dtype) for name, dtype in dtypes.items()}
+    times = {name: [] for name in dtypes}
+    for _ in range(args.steps):  # the dtypes alternate, so that a busy machine slows both alike
+        for name, dtype in dtypes.items():
+            times[name].append(timed_step(model, opt, x, dtype))
+    results = {name: tokens / statistics.median(t) for name, t in times.items()}
+    if args.json:
+        print(json.dumps(results))
+        return
     with torch._dynamo.config.patch(disable=True), FlopCounterMode(display=False) as counter:
         train_step(model, opt, x, torch.float32)
     flops_per_token = counter.get_total_flops() / tokens
-    if args.json:
-        times = {name: [] for name in ("fp32", "bf16")}
-        for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
-            train_step(model, opt, x, dtype)  # warm-up
-            for _ in range(args.steps):
-                t0 = time.perf_counter()
-                train_step(model, opt, x, dtype)
-                times[name].append(time.perf_counter() - t0)
-        print(json.dumps({name: tokens / statistics.median(t) for name, t in times.items()}))
-        return
     print(f"small preset ({model.num_parameters() / 1e6:.2f}M parameters), pe={args.pe}, attention={args.attention}, "
           f"short conv {cfg.short_conv}, seq-len {args.seq_len}, batch {args.batch_size}, {torch.get_num_threads()} "
           f"threads; {flops_per_token / 1e6:.1f} MFLOP per token (forward + backward, counted)")
-    dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16}
-    times = {name: [] for name in dtypes}
-    for name, dtype in dtypes.items():
-        t0 = time.perf_counter()
-        train_step(model, opt, x, dtype)  # warm-up: compiles the step's compiled regions for this dtype
-        print(f"first {name} step (compiling, inductor cache {'cold' if args.cold else 'as found'}): "
-              f"{time.perf_counter() - t0:.1f} s")
-    for _ in range(args.steps):
-        for name, dtype in dtypes.items():
-            t0 = time.perf_counter()
-            train_step(model, opt, x, dtype)
-            times[name].append(time.perf_counter() - t0)
+    for name, seconds in first.items():
+        print(f"first {name} step (compiling, inductor cache {'cold' if args.cold else 'as found'}): {seconds:.1f} s")
     print(f"{'dtype':<6}{'tokens/s':>10}{'matmul peak GFLOP/s':>22}{'achieved GFLOP/s':>19}{'of peak':>9}")
-    results = {}
     for name, dtype in dtypes.items():
-        tps = tokens / statistics.median(times[name])
+        tps = results[name]
         peak = matmul_peak(dtype)
         achieved = flops_per_token * tps
-        results[name] = tps
         print(f"{name:<6}{tps:>10.0f}{peak / 1e9:>22.0f}{achieved / 1e9:>19.1f}{achieved / peak:>8.0%}")
     chosen, why = pick_dtype("auto", torch.device("cpu"), cfg, args.batch_size, args.seq_len)
     chosen_name = "bf16" if chosen == torch.bfloat16 else "fp32"
@@ -135,25 +128,14 @@ def main() -> None:
 
 def compare(args) -> None:
     """Alternate subprocesses of REV's code and this tree's, 3 rounds each; print the best of each."""
-    here = Path(__file__).resolve().parent
-    repo = here.parent
-    worker = [sys.executable, str(here / "train_throughput.py"), "--json", "--steps", str(args.steps),
-              "--batch-size", str(args.batch_size), "--seq-len", str(args.seq_len), "--pe", args.pe,
-              "--attention", args.attention, "--short-conv", str(args.short_conv)]
-    with tempfile.TemporaryDirectory() as tmp:
-        base = Path(tmp) / "base"
-        subprocess.run(["git", "-C", str(repo), "worktree", "add", "--detach", str(base), args.compare],
-                       check=True, capture_output=True)
-        try:
-            best = {"before": {}, "after": {}}
-            for _ in range(3):
-                for side, root in (("before", base), ("after", repo)):
-                    env = dict(os.environ, PYTHONPATH=str(root))
-                    out = subprocess.run(worker, env=env, check=True, capture_output=True, text=True).stdout
-                    for name, tps in json.loads(out.strip().splitlines()[-1]).items():
-                        best[side][name] = max(best[side].get(name, 0.0), tps)
-        finally:
-            subprocess.run(["git", "-C", str(repo), "worktree", "remove", "--force", str(base)], check=False)
+    worker = ["--steps", args.steps, "--batch-size", args.batch_size, "--seq-len", args.seq_len, "--pe", args.pe,
+              "--attention", args.attention, "--short-conv", args.short_conv]
+    best = {"before": {}, "after": {}}
+    with checkout(args.compare) as base:
+        for _ in range(3):
+            for side, root in (("before", base), ("after", REPO)):
+                for name, tps in run_json(Path(__file__), worker, root).items():
+                    best[side][name] = max(best[side].get(name, 0.0), tps)
     print(f"small preset, pe={args.pe}, attention={args.attention}, short conv {args.short_conv}, seq-len "
           f"{args.seq_len}, batch {args.batch_size}, {torch.get_num_threads()} threads; best of 3 rounds, "
           f"each the median of {args.steps} steps")

@@ -55,7 +55,7 @@ class _CompiledOrEager:
 
     def __call__(self, *args, **kwargs):
         global _failure
-        if self.compiled is not None and _failure is None and unavailable() is None:
+        if unavailable() is None:  # (a failure so far is one of the reasons)
             try:
                 return self.compiled(*args, **kwargs)
             except Exception as e:  # inductor's errors share no base class

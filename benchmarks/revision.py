@@ -1,0 +1,35 @@
+"""Run a benchmark's measurement on the code of another git revision, for before/after figures
+side by side in one run: a temporary worktree of REV, and the same script run as a subprocess with
+that worktree (or this tree) first on PYTHONPATH, printing its result as one JSON line."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@contextlib.contextmanager
+def checkout(rev: str):
+    """A temporary worktree of rev (removed afterwards, also on failure or Ctrl-C)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "rev"
+        subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", str(path), rev],
+                       check=True, capture_output=True)
+        try:
+            yield path
+        finally:
+            subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(path)], check=False)
+
+
+def run_json(script: Path, args: list[str], code_root: Path) -> dict:
+    """`python script --json args…` with code_root's spemusic imported; its last line, parsed."""
+    out = subprocess.run([sys.executable, str(script), "--json", *map(str, args)],
+                         env=dict(os.environ, PYTHONPATH=str(code_root)), check=True, capture_output=True, text=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
