@@ -132,8 +132,10 @@ def compiling(monkeypatch):
 
     from spemusic import compiled
 
-    monkeypatch.setattr(torch._dynamo.config, "disable", False)
     monkeypatch.setattr(compiled, "_REGIONS", {})
     monkeypatch.setattr(compiled, "_failure", None)
-    yield
+    # torch's own patch, not monkeypatch: pytest >= 9.2 undoes a setattr on a module by deleting
+    # the name from its __dict__, which hides a torch config entry for the rest of the session
+    with torch._dynamo.config.patch(disable=False):
+        yield
     torch._dynamo.reset()
