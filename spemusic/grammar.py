@@ -30,9 +30,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .tokenizer import REMITokenizer
+from .tokenizer import (BAR, BOS, CHORD, DURATION, EOS, PAD, PITCH, POSITION, PROGRAM, TEMPO, TIMESIG, VELOCITY,
+                        REMITokenizer)
 
-START, BOS, BAR, TIMESIG, POSITION, TEMPO, PROGRAM, PITCH, VELOCITY, NOTE_END, EOS, CHORD = range(12)
+# GrammarState.last is the kind of the last token (the tokenizer's kinds), or one of these
+START = -1            # no token yet
+NOTE_END = DURATION   # a note is complete: its Duration, or a drum note's Velocity
 
 
 @dataclass
@@ -68,25 +71,13 @@ class REMIGrammar:
         self.dur_lo, self.dur_hi = r("Duration")
         self.chord_lo, self.chord_hi = r("Chord") if tokenizer.config.chords else (0, 0)
         self.drum = tokenizer.drum_program_id
-        res = tokenizer.config.beat_resolution
-        self.bar_steps = {}
-        for i in range(self.ts_lo, self.ts_hi):
-            num, den = tokenizer.vocab[i].split("_", 1)[1].split("/")
-            self.bar_steps[i] = int(round(int(num) * 4 / int(den) * res))
-        self.default_bar = 4 * res
+        self.bar_steps = {self.ts_lo + i: steps for i, steps in enumerate(tokenizer.bar_lengths.tolist())}
+        self.default_bar = self.bar_steps[self.ts_lo + tokenizer.map_time_signature(4, 4)]  # no TimeSig: as decoded
         # time signatures whose bars fit the Position grid (the others can never be sampled)
         self.timesig_ok = np.zeros(self.V, dtype=bool)
         for i, steps in self.bar_steps.items():
             self.timesig_ok[i] = steps <= self.pos_hi - self.pos_lo
-        self.kind_of = np.full(self.V, -1, dtype=np.int64)
-        for kind, (lo, hi) in {TIMESIG: (self.ts_lo, self.ts_hi), POSITION: (self.pos_lo, self.pos_hi),
-                               TEMPO: (self.tempo_lo, self.tempo_hi), PROGRAM: (self.prog_lo, self.prog_hi),
-                               PITCH: (self.pitch_lo, self.pitch_hi), VELOCITY: (self.vel_lo, self.vel_hi),
-                               NOTE_END: (self.dur_lo, self.dur_hi), CHORD: (self.chord_lo, self.chord_hi)}.items():
-            self.kind_of[lo:hi] = kind
-        self.kind_of[tokenizer.bos_id] = BOS
-        self.kind_of[tokenizer.bar_id] = BAR
-        self.kind_of[tokenizer.eos_id] = EOS
+        self.kind_of = tokenizer.kinds
 
     def allowed(self, st: GrammarState, allow_eos: bool = True, allow_bar: bool = True) -> np.ndarray:
         m = np.zeros(self.V, dtype=bool)
@@ -156,8 +147,8 @@ class REMIGrammar:
         return m
 
     def advance(self, st: GrammarState, token: int) -> None:
-        kind = int(self.kind_of[token]) if 0 <= token < self.V else -1
-        if token == self.tok.pad_id or kind == -1:
+        kind = int(self.kind_of[token]) if 0 <= token < self.V else PAD  # ids outside the vocabulary: ignored
+        if kind == PAD:
             return
         if kind == BOS:
             st.last = BOS
@@ -199,7 +190,7 @@ class REMIGrammar:
                 st.last = NOTE_END
             else:
                 st.last = VELOCITY
-        elif kind == NOTE_END:
+        elif kind == DURATION:
             st.last_note = (*st.note, token)
             st.last = NOTE_END
         elif kind == EOS:

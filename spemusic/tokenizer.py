@@ -118,8 +118,12 @@ NO_CHORD_MARK = "N.C."
 CHORD_MARKS = {**{n: n for n in CHORD_NAMES[:-1]}, NO_CHORD_MARK: CHORD_NAMES[-1]}
 CHORD_SET = frozenset(CHORD_MARKS)
 
-KINDS = ("TimeSig", "Position", "Tempo", "Program", "Pitch", "Velocity", "Duration", "Chord")
-_K_SPECIAL, _K_BAR, _K_TS, _K_POS, _K_TEMPO, _K_PROG, _K_PITCH, _K_VEL, _K_DUR, _K_CHORD = range(10)
+# Token kinds: REMITokenizer.kinds[id] is the kind of each id; the decoder and the grammar
+# (spemusic.grammar) read them from there, so the vocabulary is defined once, in __init__
+PAD, BOS, EOS, BAR, TIMESIG, POSITION, TEMPO, PROGRAM, PITCH, VELOCITY, DURATION, CHORD = range(12)
+# the kinds that span a range of ids (REMITokenizer.range), in vocabulary order
+KINDS = {"TimeSig": TIMESIG, "Position": POSITION, "Tempo": TEMPO, "Program": PROGRAM, "Pitch": PITCH,
+         "Velocity": VELOCITY, "Duration": DURATION, "Chord": CHORD}
 DRUMS = 128  # program code of drum notes
 
 
@@ -472,42 +476,43 @@ class REMITokenizer:
 
         # time signatures
         self.time_signatures = cfg.time_signatures
-        self._ts_len = np.array([n * 4 * res // d for n, d in self.time_signatures], dtype=np.int64)
+        # grid steps in a bar of each time signature (by its index), for the grammar too
+        self.bar_lengths = np.array([n * 4 * res // d for n, d in self.time_signatures], dtype=np.int64)
         self._ts_index = {ts: i for i, ts in enumerate(self.time_signatures)}
         by_len: dict[int, int] = {}
         for i, (n, d) in enumerate(self.time_signatures):  # prefer the simplest (first listed ... quarter-based)
-            L = int(self._ts_len[i])
+            L = int(self.bar_lengths[i])
             if L not in by_len or d == 4:
                 by_len[L] = i
         self._ts_by_len = by_len
 
         # vocabulary
         vocab = ["PAD", "BOS", "EOS", "Bar"]
-        kind = [_K_SPECIAL, _K_SPECIAL, _K_SPECIAL, _K_BAR]
+        kind = [PAD, BOS, EOS, BAR]
         value = [0, 1, 2, 0]
         self._ranges: dict[str, tuple[int, int]] = {}
 
-        def add(name: str, k: int, items: Iterable[tuple[str, int]]) -> None:
+        def add(name: str, items: Iterable[tuple[str, int]]) -> None:
             start = len(vocab)
             for s, val in items:
                 vocab.append(f"{name}_{s}")
-                kind.append(k)
+                kind.append(KINDS[name])
                 value.append(val)
             self._ranges[name] = (start, len(vocab))
 
-        add("TimeSig", _K_TS, ((f"{n}/{d}", i) for i, (n, d) in enumerate(self.time_signatures)))
-        add("Position", _K_POS, ((str(p), p) for p in range(self.num_positions)))
-        add("Tempo", _K_TEMPO, ((str(i), i) for i in range(nt)))
-        add("Program", _K_PROG, [(str(p), p) for p in range(128)] + [("drums", DRUMS)])
-        add("Pitch", _K_PITCH, ((str(p), p) for p in range(128)))
-        add("Velocity", _K_VEL, ((str(i), i) for i in range(nv)))
-        add("Duration", _K_DUR, ((str(i), i) for i in range(len(self.duration_steps))))
+        add("TimeSig", ((f"{n}/{d}", i) for i, (n, d) in enumerate(self.time_signatures)))
+        add("Position", ((str(p), p) for p in range(self.num_positions)))
+        add("Tempo", ((str(i), i) for i in range(nt)))
+        add("Program", [(str(p), p) for p in range(128)] + [("drums", DRUMS)])
+        add("Pitch", ((str(p), p) for p in range(128)))
+        add("Velocity", ((str(i), i) for i in range(nv)))
+        add("Duration", ((str(i), i) for i in range(len(self.duration_steps))))
         if cfg.chords:
-            add("Chord", _K_CHORD, ((name, i) for i, name in enumerate(CHORD_NAMES)))
+            add("Chord", ((name, i) for i, name in enumerate(CHORD_NAMES)))
         self.vocab: list[str] = vocab
         self.token_to_id: dict[str, int] = {t: i for i, t in enumerate(vocab)}
-        self._kind = np.array(kind, dtype=np.int64)
-        self._value = np.array(value, dtype=np.int64)
+        self.kinds = np.array(kind, dtype=np.int64)  # the kind of each id (PAD … CHORD)
+        self.kinds.flags.writeable = False
         self._kind_list = kind
         self._value_list = value
         self.pad_id, self.bos_id, self.eos_id, self.bar_id = 0, 1, 2, 3
@@ -841,7 +846,7 @@ class REMITokenizer:
         if not segs or segs[0][0] > 0:
             segs.insert(0, (0, self._default_ts))
         segs = [s for i, s in enumerate(segs) if i == 0 or s[0] <= last_step]
-        ts_len = self._ts_len
+        ts_len = self.bar_lengths
         starts: list[np.ndarray] = []
         tsids: list[np.ndarray] = []
         moved = 0
@@ -1010,7 +1015,7 @@ class REMITokenizer:
         and chords, each a list of (step, index)."""
         kinds, vals = self._kind_list, self._value_list
         V = len(kinds)
-        ts_len = self._ts_len.tolist()
+        ts_len = self.bar_lengths.tolist()
         cur_ts = self._default_ts
         bar_len = ts_len[cur_ts]
         bar_start = 0
@@ -1034,12 +1039,12 @@ class REMITokenizer:
             if i < 0 or i >= V:
                 continue
             k = kinds[i]
-            if k == _K_PROG:
+            if k == PROGRAM:
                 prog, pitch, vel = vals[i], -1, -1
-            elif k == _K_PITCH:
+            elif k == PITCH:
                 if prog >= 0:
                     pitch, vel = vals[i], -1
-            elif k == _K_VEL:
+            elif k == VELOCITY:
                 if pitch >= 0 and vel < 0:
                     vel = vals[i]
                     if prog == DRUMS:
@@ -1049,7 +1054,7 @@ class REMITokenizer:
                         n_vel.append(vel_vals[vel])
                         n_prog.append(prog)
                         prog = pitch = vel = -1
-            elif k == _K_DUR:
+            elif k == DURATION:
                 if vel >= 0 and prog != DRUMS:
                     n_step.append(onset)
                     n_dur.append(dur_vals[vals[i]])
@@ -1057,13 +1062,13 @@ class REMITokenizer:
                     n_vel.append(vel_vals[vel])
                     n_prog.append(prog)
                 prog = pitch = vel = -1
-            elif k == _K_POS:
+            elif k == POSITION:
                 if not started:
                     started = True
                     tss.append((0, cur_ts))
                 onset = bar_start + vals[i]
                 prog = pitch = vel = -1
-            elif k == _K_BAR:
+            elif k == BAR:
                 if started:
                     bar_start += bar_len
                 else:
@@ -1071,7 +1076,7 @@ class REMITokenizer:
                     tss.append((0, cur_ts))
                 onset = bar_start
                 prog = pitch = vel = -1
-            elif k == _K_TS:
+            elif k == TIMESIG:
                 if not started:
                     started = True
                 cur_ts = vals[i]
@@ -1080,15 +1085,15 @@ class REMITokenizer:
                     tss[-1] = (bar_start, cur_ts)
                 elif not tss or tss[-1][1] != cur_ts:
                     tss.append((bar_start, cur_ts))
-            elif k == _K_TEMPO:
+            elif k == TEMPO:
                 t = vals[i]
                 if tempos and tempos[-1][0] == onset:
                     tempos[-1] = (onset, t)
                 elif not tempos or tempos[-1][1] != t:
                     tempos.append((onset, t))
-            elif k == _K_CHORD:
+            elif k == CHORD:
                 chords.append((onset, vals[i]))
-            elif i == self.eos_id:
+            elif k == EOS:
                 break
         # merge consecutive duplicates after in-place replacement
         tss = [x for j, x in enumerate(tss) if j == 0 or x[1] != tss[j - 1][1]]
