@@ -20,79 +20,6 @@ OUT_K = 40  # output ticks per grid step
 
 
 # --------------------------------------------------------------------------- helpers
-def kind_of(tok: REMITokenizer, i: int) -> str:
-    for name in ("PAD", "BOS", "EOS", "Bar"):
-        if i == tok.token_to_id[name]:
-            return name
-    for kind in ("TimeSig", "Position", "Tempo", "Program", "Pitch", "Velocity", "Duration"):
-        a, b = tok.range(kind)
-        if a <= i < b:
-            return kind
-    raise AssertionError(f"id {i} outside the vocabulary")
-
-
-def grammar_errors(tok: REMITokenizer, ids) -> list[str]:
-    """Check ids against the documented grammar; return the problems (empty if valid)."""
-    toks = tok.ids_to_tokens(ids)
-    errs: list[str] = []
-    if not toks or toks[0] != "BOS" or toks[-1] != "EOS":
-        return ["must start with BOS and end with EOS"]
-    ts_len = {f"TimeSig_{n}/{d}": n * 4 * tok.config.beat_resolution // d for n, d in tok.config.time_signatures}
-    state = "start"  # start, bar, ts, pos, tempo, prog, pitch, vel, note_done
-    cur_ts = None
-    bar_len = None
-    last_pos = -1
-    cur_tempo = None
-    first_pos = True
-    last_note = (-1, -1)
-    prog = None
-    for j, t in enumerate(toks[1:-1], start=1):
-        k = t.split("_", 1)[0]
-        ok = True
-        if k == "Bar":
-            ok = state in ("start", "bar", "ts", "note_done")
-            state, last_pos = "bar", -1
-        elif k == "TimeSig":
-            ok = state == "bar" and (cur_ts is None or t != cur_ts)
-            cur_ts, bar_len, state = t, ts_len[t], "ts"
-        elif k == "Position":
-            p = int(t.split("_")[1])
-            ok = state in ("bar", "ts", "note_done") and cur_ts is not None and last_pos < p < bar_len
-            last_pos, state, last_note = p, "pos", (-1, -1)
-        elif k == "Tempo":
-            ok = state == "pos" and t != cur_tempo
-            cur_tempo, state = t, "tempo"
-            first_pos = False
-        elif k == "Program":
-            if state == "pos" and first_pos:
-                errs.append(f"{j}: first Position of the piece without Tempo")
-            ok = state in ("pos", "tempo", "note_done")
-            v = t.split("_")[1]
-            prog = 128 if v == "drums" else int(v)
-            state = "prog"
-            first_pos = False
-        elif k == "Pitch":
-            ok = state == "prog"
-            key = (prog, int(t.split("_")[1]))
-            ok = ok and key >= last_note  # sorted, non-decreasing (doublings repeat a key)
-            last_note, state = key, "pitch"
-        elif k == "Velocity":
-            ok = state == "pitch"
-            state = "note_done" if prog == 128 else "vel"
-        elif k == "Duration":
-            ok = state == "vel"
-            state = "note_done"
-        else:
-            ok = False
-        if not ok:
-            errs.append(f"{j}: {t} after {toks[j - 1]}")
-            if len(errs) > 5:
-                break
-    if state not in ("note_done", "bar", "ts"):
-        errs.append(f"ends in state {state}")
-    return errs
-
-
 def score_notes(score: symusic.Score):
     """(time, duration, pitch, velocity, program code; drums = 128) of all notes."""
     cols = [[], [], [], [], []]
@@ -120,14 +47,23 @@ def in_force(ev_steps, ev_vals, default, steps):
 SAMPLING_GRAMMAR = REMIGrammar(TOK)
 
 
+def grammar_problems(grammar: REMIGrammar, ids) -> list[str]:
+    """[] if ids follow the grammar the sampler masks to (its "valid by construction" rests on
+    the tokenizer writing nothing else), else where they leave it."""
+    if grammar.is_valid(ids) and ids[-1] == grammar.tok.eos_id:  # (is_valid allows PAD after EOS)
+        return []
+    bad = grammar.first_violation(ids)
+    if bad is None:
+        return ["REMIGrammar: does not end with EOS"]
+    return [f"REMIGrammar rejects token {bad} ({grammar.tok.ids_to_tokens(ids[max(0, bad - 3):bad + 1])})"]
+
+
 def check_file(path) -> dict:
     """Round-trip one real file; return counts and problems."""
     r = {"files": 1, "notes": 0, "decoded": 0, "clipped": 0, "duplicates": 0, "ts_mismatch": 0, "problems": []}
     prob = r["problems"]
     ids, st = TOK.encode_with_stats(path)
-    prob += [f"grammar {e}" for e in grammar_errors(TOK, ids)[:2]]
-    if not SAMPLING_GRAMMAR.is_valid(ids):  # the mask the sampler's "valid by construction" rests on
-        prob.append(f"REMIGrammar rejects token {SAMPLING_GRAMMAR.first_violation(ids)}")
+    prob += grammar_problems(SAMPLING_GRAMMAR, ids)
     data = TOK.decode_to_score(ids, "layers").dumps_midi()
     ids2 = TOK.encode(data)
     if not np.array_equal(ids, ids2):
@@ -203,17 +139,20 @@ def _has_short_bar(score: symusic.Score) -> bool:
     return False
 
 
-def _run_dataset(files: list[Path]) -> dict:
-    total = {"files": 0, "notes": 0, "decoded": 0, "clipped": 0, "duplicates": 0, "ts_mismatch": 0}
-    failures = []
+def _map(check, files: list[Path]) -> list:
     procs = min(2, os.cpu_count() or 1)
     if procs > 1 and len(files) > 50:
         import multiprocessing as mp
 
         with mp.get_context("fork").Pool(procs) as pool:
-            results = pool.map(check_file, files, chunksize=16)
-    else:
-        results = [check_file(f) for f in files]
+            return pool.map(check, files, chunksize=16)
+    return [check(f) for f in files]
+
+
+def _run_dataset(files: list[Path]) -> dict:
+    total = {"files": 0, "notes": 0, "decoded": 0, "clipped": 0, "duplicates": 0, "ts_mismatch": 0}
+    failures = []
+    results = _map(check_file, files)
     for f, r in zip(files, results):
         for k in total:
             total[k] += r[k]
@@ -238,6 +177,28 @@ def test_real_data_round_trip(shared_data, dataset, pattern, expected):
     dropped = t["notes"] - t["decoded"]
     assert dropped <= 0.001 * t["notes"], f"{dropped} of {t['notes']} notes dropped"
     assert t["ts_mismatch"] <= 0.001 * t["notes"]
+
+
+TOK_CHORDS = REMITokenizer(TokenizerConfig(chords=True))  # the vocabulary of pop-piano
+CHORD_GRAMMAR = REMIGrammar(TOK_CHORDS)
+
+
+def check_annotated(path: Path) -> list[str]:
+    """A POP909 song tokenized on its beat and chord annotations, as pop-piano was trained on it:
+    the problems of its tokens (grammar, round trip)."""
+    pop = path.parent
+    ids = TOK_CHORDS.encode(path, beats=pop / "beats" / f"{path.stem}.txt", chords=pop / "chords" / f"{path.stem}.txt")
+    prob = grammar_problems(CHORD_GRAMMAR, ids)
+    if not np.array_equal(TOK_CHORDS.encode(TOK_CHORDS.decode_to_score(ids, "layers").dumps_midi()), ids):
+        prob.append("encode(decode(ids)) != ids")
+    return prob
+
+
+def test_pop909_on_its_beats_and_chords_round_trip(shared_data):
+    files = sorted((shared_data / "pop909").glob("*.mid"))
+    assert len(files) == 809, f"pop909: expected 809 files, found {len(files)}"
+    failures = [f"{f}: {'; '.join(p)}" for f, p in zip(files, _map(check_annotated, files)) if p]
+    assert not failures, f"{len(failures)} files failed:\n" + "\n".join(failures[:20])
 
 
 def test_truncated_real_file(shared_data, tmp_path):
@@ -334,7 +295,7 @@ def test_map_time_signature():
 # --------------------------------------------------------------------------- hand-made files
 def tokens_of(path_or_ids):
     ids = TOK.encode(path_or_ids) if not isinstance(path_or_ids, np.ndarray) else path_or_ids
-    assert not grammar_errors(TOK, ids), grammar_errors(TOK, ids)
+    assert not grammar_problems(SAMPLING_GRAMMAR, ids), grammar_problems(SAMPLING_GRAMMAR, ids)
     return TOK.ids_to_tokens(ids)
 
 
@@ -544,7 +505,7 @@ def test_other_config(midi_factory):
     tok = REMITokenizer(TokenizerConfig(beat_resolution=4, num_velocity_bins=8, max_bar_beats=4, max_duration_beats=4))
     notes = [(0, False, 60, 0, 480, 90), (0, False, 62, 600, 700, 40)]
     ids = tok.encode(midi_factory(notes=notes, time_signatures=((3, 4, 0),)))
-    assert not grammar_errors(tok, ids)
+    assert not grammar_problems(REMIGrammar(tok), ids)
     assert tok.decode_to_score(ids).ticks_per_quarter == 160
     assert np.array_equal(tok.encode(tok.decode_to_score(ids).dumps_midi()), ids)
 
