@@ -13,15 +13,17 @@ because the grammar is exactly what the tokenizer writes, re-tokenizes to itself
 - Tempo required at the first Position of the piece, later only when it changes;
 - notes at one Position sorted by (program, pitch), non-decreasing; a doubled (program, pitch)
   comes longest first, then loudest (as the tokenizer sorts them); Duration only for pitched
-  programs (drums have none); at most `max_notes_per_onset` notes, doubled ones included
-  (POP909 has at most 14 at one onset; without the cap a model that has lost count of its
-  notes stacked up to 44, doubling the top pitch once it could climb no higher).
+  programs (drums have none); at most `max_notes_per_onset` notes, doubled ones included:
+  real music has fewer (POP909 at most 14 at one onset, Groove 9), and without the cap a model
+  that has lost count of its notes stacks them, doubling the top pitch once it can climb no higher.
+
+The real-data tests walk this grammar over every file of POP909 and Groove.
 
 `strict_order=False` relaxes only the order of the notes inside one Position (any program and
 pitch, but no (program, pitch) twice, at most `max_notes_per_onset` notes): a model that has not
-learned the order exactly would otherwise be pushed up to pitch 127 by the mask (POP909 has at
-most 14 notes at one onset, 8 at the 99.9th percentile; Groove at most 4). The sampler then puts the notes of every
-onset back in the tokenizer's order (`canonical`), so what it returns is strictly valid.
+learned the order exactly would otherwise be pushed up to pitch 127 by the mask. The sampler then
+puts the notes of every onset back in the tokenizer's order (`canonical`), so what it returns is
+strictly valid.
 """
 
 from __future__ import annotations
@@ -30,8 +32,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .tokenizer import (BAR, BOS, CHORD, DURATION, EOS, PAD, PITCH, POSITION, PROGRAM, TEMPO, TIMESIG, VELOCITY,
-                        REMITokenizer)
+from .tokenizer import (BAR, BOS, CHORD, DURATION, EOS, PAD, PITCH, POSITION, PROGRAM, TEMPO, TIMESIG,
+                        VELOCITY, REMITokenizer)
 
 # GrammarState.last is the kind of the last token (the tokenizer's kinds), or one of these
 START = -1            # no token yet
@@ -72,7 +74,8 @@ class REMIGrammar:
         self.chord_lo, self.chord_hi = r("Chord") if tokenizer.config.chords else (0, 0)
         self.drum = tokenizer.drum_program_id
         self.bar_steps = {self.ts_lo + i: steps for i, steps in enumerate(tokenizer.bar_lengths.tolist())}
-        self.default_bar = self.bar_steps[self.ts_lo + tokenizer.map_time_signature(4, 4)]  # no TimeSig: as decoded
+        # a Bar before any TimeSig: as long as the decoder makes it
+        self.default_bar = self.bar_steps[self.ts_lo + tokenizer.map_time_signature(4, 4)]
         # time signatures whose bars fit the Position grid (the others can never be sampled)
         self.timesig_ok = np.zeros(self.V, dtype=bool)
         for i, steps in self.bar_steps.items():

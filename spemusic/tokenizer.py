@@ -1,7 +1,7 @@
 """REMI tokenizer for multi-track MIDI: the token language of spemusic.
 
 Reading and writing go through symusic (C++); the encoding itself is
-vectorised numpy, so a whole POP909 song encodes in about a millisecond.
+vectorised numpy (benchmarks/tokenize_speed.py times it).
 miditoolkit objects are accepted and produced at the edges.
 
 Vocabulary (ids in this order; the order is part of the format)
@@ -60,9 +60,10 @@ Timing rules
   tempo event MIDI's 120 BPM holds).
 * All tracks are merged; drums are symusic's ``track.is_drum`` (channel 10).
   Notes that share (onset step, program, pitch) -- unison doublings across
-  tracks (POP909 doubles its melody in the piano track: ~3% of its notes)
-  and flams that quantise to one step -- are all kept, longest and loudest
-  first, so no note is ever dropped; they are counted (``duplicate_notes``).
+  tracks (POP909 doubles its melody in the piano track; how often:
+  benchmarks/tokenizer_fidelity.py) and flams that quantise to one step --
+  are all kept, longest and loudest first, so no note is ever dropped; they
+  are counted (``duplicate_notes``).
   Inside an onset the notes are therefore sorted by (program, pitch)
   non-decreasing, not strictly.
 
@@ -1113,7 +1114,7 @@ class REMITokenizer:
     def _layers(step: np.ndarray, dur: np.ndarray, pitch: np.ndarray, prog: np.ndarray) -> np.ndarray:
         """Layer per note: 0 unless it overlaps an earlier note of the same (program, pitch); then
         the lowest layer free at its onset. Heaps of the busy and the free layers keep this
-        O(n log n), however many notes overlap (240,000 at one onset take a second)."""
+        O(n log n), however many notes overlap."""
         n = len(step)
         layer = np.zeros(n, dtype=np.int64)
         if n < 2:
