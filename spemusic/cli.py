@@ -328,15 +328,12 @@ def detokenize(
 
     spemusic detokenize my_tokens/ -o my_midis_again/
     """
-    import numpy as np
-
     from .files import write_output
     from .grammar import REMIGrammar
     from .tokenizer import REMITokenizer, TokenizerConfig
 
     tok = REMITokenizer(TokenizerConfig(chords=True))  # reads token files with or without chords
     grammar = REMIGrammar(tok)
-    pitch_lo, pitch_hi = tok.range("Pitch")
 
     def convert(src: Path, dest: Path) -> None:
         try:
@@ -350,18 +347,14 @@ def detokenize(
             ids = tok.tokens_to_ids([t for _, t in numbered])
         except (ValueError, KeyError) as e:
             raise SpemusicError(f"{src}: {e}") from None
-        # every note has one Pitch token: fewer notes means the decoder skipped some (a Pitch
-        # without its Program, Velocity or Duration); say so, and where the tokens first leave the
-        # grammar, rather than drop them silently
-        pitches = int(np.count_nonzero((ids >= pitch_lo) & (ids < pitch_hi)))
-        notes = tok.count_notes(ids)
-        if notes < pitches:
+        score, stats = tok.decode_with_stats(ids, "layers" if keep_overlaps else "trim")
+        lost = stats["lost_notes"]
+        if lost:  # say so, and where the tokens first leave the grammar, rather than drop them silently
             bad = grammar.first_violation(ids)
             where = (f"; the tokens first leave the REMI grammar at line {numbered[bad][0]} ({numbered[bad][1]})"
                      if bad is not None else "")
-            err.print(f"[yellow]warning:[/] {escape(str(src))}: {pitches - notes} of {pitches} notes could not be "
+            err.print(f"[yellow]warning:[/] {escape(str(src))}: {lost} of {lost + stats['notes']} notes could not be "
                       f"formed and are skipped{escape(where)}", highlight=False)
-        score = tok.decode_to_score(ids, "layers" if keep_overlaps else "trim")
         write_output(score.dumps_midi(), dest)
 
     _convert_many(inputs, output, {".txt"}, ".mid", convert, "detokenized", overwrite)

@@ -1172,10 +1172,16 @@ class REMITokenizer:
         or Duration forms none)."""
         return len(self._decode_events(ids)[0][0])
 
-    def _notes(self, ids, overlaps: str):
+    def _notes(self, ids, overlaps: str, stats: dict[str, int] | None = None):
         if overlaps not in ("trim", "layers"):
             raise ValueError(f"overlaps must be 'trim' or 'layers', not {overlaps!r}")
         notes, tempos, tss, chords = self._decode_events(ids)
+        if stats is not None:
+            # every note has one Pitch token: the others are notes the decoder had to skip
+            lo, hi = self.range("Pitch")
+            arr = np.asarray(ids).ravel()
+            stats["notes"] = len(notes[0])
+            stats["lost_notes"] = int(np.count_nonzero((arr >= lo) & (arr < hi))) - stats["notes"]
         if overlaps == "trim":
             notes = self.trim_overlaps(*notes)
         return notes, tempos, tss, chords
@@ -1215,7 +1221,14 @@ class REMITokenizer:
         pitch ends it, one track per program (what MIDI players do anyway). "layers": every
         note keeps its duration, the overlapping ones on extra "layer" tracks (lossless:
         encode(decode(ids, overlaps="layers")) == ids)."""
-        (step, dur, pitch, vel, prog), tempos, tss, chords = self._notes(ids, overlaps)
+        return self.decode_with_stats(ids, overlaps)[0]
+
+    def decode_with_stats(self, ids, overlaps: str = "trim") -> tuple[symusic.Score, dict[str, int]]:
+        """decode_to_score, plus what became of the notes: notes (formed by the tokens,
+        overlapping ones included) and lost_notes (Pitch tokens that formed none: a Pitch
+        without its Program, Velocity or Duration, or after EOS)."""
+        stats: dict[str, int] = {}
+        (step, dur, pitch, vel, prog), tempos, tss, chords = self._notes(ids, overlaps, stats)
         k = TICKS_PER_STEP_OUT
         last = max(int((step + dur).max(initial=0)), max((s for s, _ in tempos + tss + chords), default=0)) * k
         # a MIDI delta time has at most 28 bits: a later event would be written wrapped around, at
@@ -1249,7 +1262,7 @@ class REMITokenizer:
                 np.array([self.time_signatures[t][1] for _, t in tss], dtype=np.uint8),
                 ttype="tick",
             )
-        return score
+        return score, stats
 
     def decode(self, ids, overlaps: str = "trim"):
         """Decode ids to a miditoolkit.MidiFile (ticks_per_beat = beat_resolution * 40); overlaps

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import symusic
 
 import spemusic
 from spemusic.data import TokenCache, WindowSampler, default_cache_dir, fixed_windows, prepare
@@ -105,6 +106,22 @@ def test_detokenize_bad_tokens(run_cli, tmp_path):
     assert not (tmp_path / "x.mid").exists()
     code, _, err = run_cli("tokenize", tmp_path / "missing.mid")
     assert code == 1 and "no such file" in err
+
+
+def test_detokenize_says_how_many_notes_it_cannot_form(run_cli, tmp_path):
+    src = tmp_path / "cut.txt"  # the second note has no Velocity and Duration; one more after EOS
+    src.write_text("BOS\nBar\nTimeSig_4/4\nPosition_0\nTempo_10\nProgram_0\nPitch_60 ; C4\nVelocity_20\n"
+                   "Duration_3\nProgram_0\nPitch_62\n\nPosition_12\nProgram_0\nPitch_64\nVelocity_20\nDuration_3\n"
+                   "EOS\nProgram_0\nPitch_67\nVelocity_20\nDuration_3\n")
+    code, _, err = run_cli("detokenize", src, "-o", tmp_path / "cut.mid")
+    assert code == 0, err
+    assert ("2 of 4 notes could not be formed and are skipped; the tokens first leave the REMI grammar at "
+            "line 13 (Position_12)") in " ".join(err.split())
+    assert sum(len(t.notes) for t in symusic.Score(str(tmp_path / "cut.mid")).tracks) == 2
+    whole = tmp_path / "whole.txt"
+    whole.write_text("BOS\nBar\nTimeSig_4/4\nPosition_0\nTempo_10\nProgram_0\nPitch_60\nVelocity_20\nDuration_3\nEOS\n")
+    code, _, err = run_cli("detokenize", whole, "-o", tmp_path / "whole.mid")
+    assert code == 0 and "could not be formed" not in err, err
 
 
 def test_data_prepare_cache_reuse_and_summary(run_cli, examples, tmp_path):

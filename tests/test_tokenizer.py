@@ -492,6 +492,18 @@ def test_decode_is_robust_to_odd_sequences():
     assert [len(i.notes) for i in mf.instruments] == [1]
 
 
+def test_decode_counts_the_notes_it_cannot_form(midi_factory):
+    ids = TOK.encode(midi_factory(notes=[(0, False, 60, 0, 480, 90), (0, False, 60, 0, 240, 80), (0, True, 38, 480, 500, 100)]))
+    score, stats = TOK.decode_with_stats(ids)
+    assert stats == {"notes": 3, "lost_notes": 0}  # the doubled 60 is formed, then trimmed
+    assert score.dumps_midi() == TOK.decode_to_score(ids).dumps_midi()
+    vel = [j for j, t in enumerate(TOK.ids_to_tokens(ids)) if t.startswith("Velocity")]
+    cut = np.concatenate((np.delete(ids, vel[0]), ids[-5:-1]))  # a note without its Velocity; one after EOS
+    score, stats = TOK.decode_with_stats(cut, "layers")
+    assert stats == {"notes": 2, "lost_notes": 2}
+    assert sum(len(t.notes) for t in score.tracks) == 2
+
+
 def test_write_midi_atomic(tmp_path, midi_factory):
     ids = TOK.encode(midi_factory(notes=[(0, False, 60, 0, 480, 90)]))
     out = tmp_path / "out" / "x.mid"
