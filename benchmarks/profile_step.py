@@ -23,7 +23,8 @@ from torch.utils.flop_counter import FlopCounterMode
 from spemusic import ModelConfig, Performer
 from spemusic.attention import chunked_linear_attention, favor_key, favor_query
 from spemusic.compiled import compiled
-from spemusic.model import gelu_linear, norm_linear, short_conv
+from spemusic.fused import gelu_linear, norm_linear
+from spemusic.model import short_conv
 from spemusic.train import build_optimizer
 from train_throughput import matmul_peak  # (benchmarks/, the script's own folder)
 
@@ -64,13 +65,12 @@ def parts(model: Performer, B: int, T: int):
 
     if spe is not None:
         code = spe.draw(None)
-        pos = torch.arange(T, dtype=torch.float64)
 
         def features():
-            ctx = spe.context(code, pos)
+            ctx = spe.context(code, 0, T)
             backward(ctx.a_q, ctx.a_k)
         out.append(("sineSPE trig features (shared by the layers)", len(model.spe), features))
-        ctx = spe.context(code, pos)
+        ctx = spe.context(code, 0, T)
         ctx = type(ctx)(**{**ctx.__dict__, "a_q": ctx.a_q.detach().requires_grad_(),
                                      "a_k": ctx.a_k.detach().requires_grad_()})  # the phases learn
 
@@ -78,7 +78,7 @@ def parts(model: Performer, B: int, T: int):
             backward(*att.filter(leaf(B, T, H, D, name="q"), leaf(B, T, H, D, name="k"), ctx))
         out.append(("sineSPE filter of q and k", cfg.n_layers, spe_filter))
 
-    om = att._scaled_omega()
+    om = att.scaled_omega()
 
     def favor_features():
         backward(favor_query(leaf(B, H, T, dk, name="q"), om), favor_key(leaf(B, H, T, dk, name="k"), om, dk ** -0.5))
@@ -102,8 +102,8 @@ def parts(model: Performer, B: int, T: int):
         out.append((f"short convolution ({cfg.short_conv} tokens)", cfg.n_layers, shift))
 
     def head():
-        x = model._embed(ids[:, :-1], 0)
-        logits = model._head(x + leaf(B, T, d, name="h"))
+        x = model.embed(ids[:, :-1], 0)
+        logits = model.head(x + leaf(B, T, d, name="h"))
         F.cross_entropy(logits.float().reshape(-1, V), ids[:, 1:].reshape(-1)).backward()
     out.append(("embedding, output head and loss", 1, head))
     return out

@@ -33,14 +33,15 @@ from spemusic.attention import (
     chunked_linear_attention,
     favor_key,
     favor_query,
+    linear_attention_step,
     orthogonal_features,
 )
-from spemusic import recurrent
 from spemusic.compiled import compiled
 from spemusic.errors import SpemusicError
+from spemusic.fused import gelu_linear, norm_linear
 from spemusic.positional import AbsolutePE, build_absolute_pe
-from spemusic.recurrent import State
-from spemusic.spe import ConvSPE, SineSPE, SPEContext, SPEFilter, mix_seed
+from spemusic.recurrent import LayerPlan, State, StepPlan, build_plan
+from spemusic.spe import ConvSPE, SineSPE, SPECodes, SPEFilter, mix_seed
 
 __all__ = ["ModelConfig", "Performer", "State"]
 
@@ -185,10 +186,10 @@ class Attention(nn.Module):
             w = orthogonal_features(self.cfg.n_features, self.dk, generator)
             self.omega.copy_(w.to(self.omega.device))
 
-    def _scaled_omega(self):
+    def scaled_omega(self):
         return self.omega * self.dk ** -0.25
 
-    def _qkv(self, x: torch.Tensor, norm: nn.LayerNorm, ctx: SPEContext | None):
+    def _qkv(self, x: torch.Tensor, norm: nn.LayerNorm, ctx):
         """x (B, T, d) -> q, k (B, H, T, dk), v (B, H, T, D) of norm(x)."""
         B, T, _ = x.shape
         H, D = self.cfg.n_heads, self.cfg.d_head
@@ -197,8 +198,7 @@ class Attention(nn.Module):
             q, k = self.filter(q, k, ctx)
         return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
 
-    def forward(self, x: torch.Tensor, norm: nn.LayerNorm, ctx: SPEContext | None, want_state: bool = False,
-                state=None):
+    def forward(self, x: torch.Tensor, norm: nn.LayerNorm, ctx, want_state: bool = False, state=None):
         """Attention over norm(x) (the block's pre-norm, applied with the projection); `state`: the
         running state (FAVOR+) or KV cache (softmax) of the positions before x, continued."""
         B, T, d = x.shape
@@ -208,7 +208,7 @@ class Attention(nn.Module):
             dev = x.device.type
             mm_dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else None
             with torch.autocast(device_type=dev, enabled=False):
-                om = self._scaled_omega()
+                om = self.scaled_omega()
                 qf = favor_query(q.float(), om)
                 kf = favor_key(k.float(), om, self.dk ** -0.5)
                 if self.training and torch.is_grad_enabled() and not want_state:
@@ -239,70 +239,43 @@ class Attention(nn.Module):
         y = self.drop(self.out(o.transpose(1, 2).reshape(B, T, d)))
         return y, st
 
+    def step(self, h: torch.Tensor, lp: LayerPlan, plan: StepPlan, S) -> torch.Tensor:
+        """The recurrent form of forward, for one token: h = norm(x) (B, d) -> (B, d) before the
+        output projection; the running state S (or KV cache) is updated in place. The SPE code
+        at this position is already in the plan's buffer (Performer.step), gates folded in:
+        q̂ = q · (√(1-g) ⊙ Q̄_t + √g ⊙ ε), one batched product for q̂ and k̂, and one for ω·q̂, ω·k̂."""
+        B = h.shape[0]
+        H, D = self.cfg.n_heads, self.cfg.d_head
+        d = H * D
+        w, b = lp.qkv
+        qkv = F.linear(h.to(w.dtype), w, b).float()
+        qk = qkv[:, : 2 * d].view(B, 2 * H, D).transpose(0, 1)  # (2H, B, D): q heads, then k heads
+        if lp.code is None:
+            xh = qk
+        else:
+            if lp.gate is not None:
+                qk = (qk[:, :, None] * lp.gate).view(2 * H, B, 2 * D)  # [q ⊙ √(1-g), q ⊙ √g]
+            xh = torch.bmm(qk, lp.code)  # q̂, k̂: (2H, B, dk)
+        v = qkv[:, 2 * d:].view(B, H, D)
+        if lp.omega_t is None:  # softmax with a KV cache
+            q = xh[:H].transpose(0, 1)[:, :, None]
+            kk, vv = S.append(xh[H:].transpose(0, 1)[:, :, None], v[:, :, None])
+            return F.scaled_dot_product_attention(q, kk.to(q.dtype), vv.to(q.dtype))[:, :, 0].reshape(B, d)
+        p = torch.matmul(xh, lp.omega_t)  # (2H, B, M): ω·q̂, ω·k̂
+        pq, pk = p[:H], p[H:]
+        pq.sub_(pq.amax(-1, keepdim=True))  # query stabiliser (cancels in the output)
+        dk = xh.shape[-1]
+        xk = xh[H:].reshape(H * B, 1, dk)
+        sq = torch.baddbmm(plan.key_offset, xk, xk.transpose(1, 2), alpha=plan.key_scale)  # (H·B, 1, 1)
+        pk.sub_(sq.view(H, B, 1))
+        p.exp_()  # φ(q̂), φ(k̂) (attention.favor_query / favor_key), in one pass
+        return linear_attention_step(pq.transpose(0, 1), pk.transpose(0, 1), v, S).reshape(B, d)
+
     def empty_state(self, batch: int, device):
         if self.favor:
             return torch.zeros(batch, self.cfg.n_heads, self.cfg.n_features, self.cfg.d_head + 1,
                                device=device, dtype=torch.float32)
         return KVCache(batch, self.cfg.n_heads, self.dk, self.cfg.d_head, device)
-
-
-class NormLinear(torch.autograd.Function):
-    """linear(layer_norm(x), weight, bias) keeping x and its statistics for the backward pass (the
-    norm's own backward needs them anyway): the normalised x is recomputed there (elementwise,
-    cheap) instead of being held, for the three norms of every layer and the head."""
-
-    @staticmethod
-    def forward(ctx, x, ln_weight, ln_bias, eps, weight, bias):
-        xn, mean, rstd = torch.native_layer_norm(x, x.shape[-1:], ln_weight, ln_bias, eps)
-        ctx.save_for_backward(x, mean, rstd, ln_weight, ln_bias, weight)
-        ctx.eps, ctx.has_bias = eps, bias is not None
-        return F.linear(xn, weight, bias)  # under autocast: in its dtype, like nn.Linear
-
-    @staticmethod
-    def backward(ctx, grad):
-        x, mean, rstd, ln_weight, ln_bias, weight = ctx.saved_tensors
-        dt = grad.dtype
-        xn = torch.native_layer_norm(x, x.shape[-1:], ln_weight, ln_bias, ctx.eps)[0]
-        g = grad.reshape(-1, grad.shape[-1])
-        grad_xn = (grad @ weight.to(dt)).to(x.dtype)
-        grad_x, grad_lw, grad_lb = torch.ops.aten.native_layer_norm_backward(
-            grad_xn, x, x.shape[-1:], mean, rstd, ln_weight, ln_bias, [True, True, True])
-        grad_w = g.T @ xn.reshape(-1, xn.shape[-1]).to(dt)
-        return grad_x, grad_lw, grad_lb, None, grad_w, g.sum(0) if ctx.has_bias else None
-
-
-def norm_linear(x: torch.Tensor, norm: nn.LayerNorm, weight: torch.Tensor, bias: torch.Tensor | None):
-    """linear(norm(x)); in training, through NormLinear (less memory, same gradients)."""
-    if norm.training and torch.is_grad_enabled():
-        return NormLinear.apply(x, norm.weight, norm.bias, norm.eps, weight, bias)
-    return F.linear(norm(x), weight, bias)
-
-
-class GeluLinear(torch.autograd.Function):
-    """linear(gelu(u), weight, bias) keeping only u for the backward pass: gelu(u) is recomputed
-    there (elementwise, ~2% of a step) instead of being held, d_ff wide, for every layer."""
-
-    @staticmethod
-    def forward(ctx, u, weight, bias):
-        ctx.save_for_backward(u, weight)
-        return F.linear(F.gelu(u), weight, bias)  # under autocast: in its dtype, like nn.Linear
-
-    @staticmethod
-    def backward(ctx, grad):
-        u, weight = ctx.saved_tensors
-        dt = grad.dtype
-        a = F.gelu(u).to(dt).reshape(-1, u.shape[-1])
-        g = grad.reshape(-1, grad.shape[-1])
-        grad_u = torch.ops.aten.gelu_backward((grad @ weight.to(dt)).to(u.dtype), u)
-        # autograd casts the weight and bias gradients to the parameters' dtype
-        return grad_u, g.T @ a, g.sum(0)
-
-
-def gelu_linear(u: torch.Tensor, linear: nn.Linear) -> torch.Tensor:
-    """linear(gelu(u)); in training, through GeluLinear (less memory, same gradients)."""
-    if linear.training and torch.is_grad_enabled():
-        return GeluLinear.apply(u, linear.weight, linear.bias)
-    return linear(F.gelu(u))
 
 
 def short_conv(x: torch.Tensor, weight: torch.Tensor, past: torch.Tensor | None = None) -> torch.Tensor:
@@ -357,6 +330,21 @@ class Block(nn.Module):
         x = x + a
         return x + self.ffn(x), st, history
 
+    def step(self, x: torch.Tensor, lp: LayerPlan, plan: StepPlan, S, history: torch.Tensor | None):
+        """The recurrent form of forward, for one token: x (B, d) -> (output, the block's last K
+        inputs newest first, or None); S updated in place. Linear layers use the plan's weights."""
+        if lp.shift is not None:  # the short convolution over the block's last K inputs
+            shifted = x + torch.einsum("bkd,kd->bd", history, lp.shift)
+            history = torch.cat((x[:, None], history[:, :-1]), 1)
+            x = shifted
+        o = self.attn.step(self.ln1(x), lp, plan, S)
+        w, b = lp.out
+        x = x + F.linear(o.to(w.dtype), w, b)
+        w1, b1 = lp.ff1
+        w2, b2 = lp.ff2
+        u = F.gelu(F.linear(self.ln2(x).to(w1.dtype), w1, b1))
+        return x + F.linear(u, w2, b2), history
+
 
 class Performer(nn.Module):
     """Decoder-only Performer LM with SPE / absolute PE options (see module doc)."""
@@ -371,23 +359,21 @@ class Performer(nn.Module):
         self.abs_pe: AbsolutePE | None = None
         if cfg.has_absolute_pe:
             self.abs_pe = build_absolute_pe(cfg.pe, cfg.max_len, cfg.d_model)
-        self.spe = None
+        self.spe: SPECodes | None = None
         if cfg.uses_spe:
             n = 1 if cfg.share_pe else cfg.n_layers
             if cfg.pe == "sinespe":
                 mods = [SineSPE(cfg.n_heads, cfg.d_head, cfg.n_sines, cfg.n_realizations) for _ in range(n)]
             else:
                 mods = [ConvSPE(cfg.n_heads, cfg.d_head, cfg.kernel_size, cfg.n_realizations) for _ in range(n)]
-            self.spe = nn.ModuleList(mods)
+            self.spe = SPECodes(mods, cfg.n_layers)
         self.drop = nn.Dropout(cfg.dropout)
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
         self.ln_f = nn.LayerNorm(cfg.d_model)
         # output head tied to the token embedding
-        self._codes = None  # eval-mode SPE codes (one per SPE module)
         # (V,) bool, the vocabulary seen in training (set by load_model from the checkpoint; None:
         # unknown): the sampler keeps to it
         self.trained_tokens = None
-        self._seed = None
         # training only: recompute each block's activations in the backward pass instead of
         # keeping them (less memory for long sequences, about one more forward of compute)
         self.checkpoint_activations = False
@@ -410,62 +396,34 @@ class Performer(nn.Module):
         """Fix the SPE realization used by every later eval-mode call (forward,
         prime, step) to the one drawn from ``seed``. FAVOR+ features are kept
         (they belong to the checkpoint) unless ``redraw_features``."""
-        seed = int(seed)
-        self._seed = seed
-        self._codes = None
         if self.spe is not None:
-            codes = []
-            for i, m in enumerate(self.spe):
-                g = torch.Generator()
-                g.manual_seed(mix_seed(seed, i))
-                if isinstance(m, ConvSPE):
-                    codes.append(m.draw(g, self.device, seed=mix_seed(seed, i, 1)))
-                else:
-                    codes.append(m.draw(g, self.device))
-            self._codes = codes
+            self.spe.resample(seed, self.device)
         if redraw_features:
             g = torch.Generator()
-            g.manual_seed(mix_seed(seed, 0xFEA7))
+            g.manual_seed(mix_seed(int(seed), 0xFEA7))
             self.redraw_features(g)
 
-    def _get_codes(self):
-        if self.spe is None:
-            return None
-        if self.training:
-            return [m.draw(None, self.device) for m in self.spe]
-        if self._codes is None:
-            self.resample(0 if self._seed is None else self._seed)
-        dev = self.device
-        for c in self._codes:
-            if c.eps.device != dev:
-                c.eps = c.eps.to(dev)
-                if hasattr(c, "z"):
-                    c.z = c.z.to(dev)
-                if hasattr(c, "noise_cache"):
-                    c.noise_cache.clear()
-        return self._codes
+    def _codes(self):
+        """The SPE codes of this pass: fresh in training, the fixed ones in eval (None: no SPE)."""
+        return self.spe.codes(self.training, self.device) if self.spe is not None else None
 
-    def _contexts(self, codes, start: int, T: int):
+    def _contexts(self, codes, start: int, T: int) -> list:
         if codes is None:
             return [None] * self.cfg.n_layers
-        ctxs = []
-        for m, c in zip(self.spe, codes):
-            if isinstance(m, SineSPE):
-                pos = torch.arange(start, start + T, dtype=torch.float64)
-                ctxs.append(m.context(c, pos))
-            else:
-                ctxs.append(m.context(c, start, T, self.device))
-        if len(ctxs) == 1:
-            ctxs = ctxs * self.cfg.n_layers
-        return ctxs
+        return self.spe.contexts(codes, start, T, self.device)
 
-    def _embed(self, ids: torch.Tensor, start: int) -> torch.Tensor:
+    def _streams(self, codes, start: int) -> list:
+        return self.spe.streams(codes, start, self.device) if codes is not None else []
+
+    def embed(self, ids: torch.Tensor, start: int) -> torch.Tensor:
+        """Token ids (B, T) at positions start.. -> (B, T, d) (absolute PE added, if any)."""
         x = self.tok(ids)
         if self.abs_pe is not None:
             x = x + self.abs_pe(start, ids.shape[1], ids.device).to(x.dtype)
         return self.drop(x)
 
-    def _head(self, x: torch.Tensor) -> torch.Tensor:
+    def head(self, x: torch.Tensor) -> torch.Tensor:
+        """(…, d) -> (…, V) logits (final norm, output tied to the embedding)."""
         return norm_linear(x, self.ln_f, self.tok.weight, None)
 
     def _check_ids(self, ids: torch.Tensor, ndim: int, check_range: bool = True):
@@ -494,9 +452,9 @@ class Performer(nn.Module):
         start = state.position if state is not None else 0
         if self.abs_pe is not None:
             self.abs_pe.check(start, T)
-        codes = self._get_codes()
+        codes = self._codes()
         ctxs = self._contexts(codes, start, T)
-        x = self._embed(ids, start)
+        x = self.embed(ids, start)
         states, histories = [], []
         recompute = self.checkpoint_activations and self.training and torch.is_grad_enabled()
         for i, (blk, ctx) in enumerate(zip(self.blocks, ctxs)):
@@ -508,13 +466,12 @@ class Performer(nn.Module):
                 x, st, hist = blk(x, ctx, want_state)
             states.append(st)
             histories.append(hist)
-        logits = self._head(x)
+        logits = self.head(x)
         if not want_state:
             return logits
-        plan = state.plan if state is not None else recurrent.build_plan(self, codes, weights_dtype)
-        return logits, State(position=start + T, batch_size=B, layers=states,
-                             pe=recurrent.new_stream_states(self, codes, start + T), plan=plan,
-                             histories=histories if self.cfg.short_conv else [])
+        plan = state.plan if state is not None else build_plan(self, codes, weights_dtype)
+        return logits, State(position=start + T, batch_size=B, layers=states, pe=self._streams(codes, start + T),
+                             plan=plan, histories=histories if self.cfg.short_conv else [])
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         """(B, T) token ids -> (B, T, V) next-token logits (chunked parallel path)."""
@@ -545,12 +502,12 @@ class Performer(nn.Module):
         """Empty state at position 0: generation from scratch is step() from here
         (``weights_dtype`` as in ``prime``)."""
         self._check_weights_dtype(weights_dtype)
-        codes = self._get_codes()
+        codes = self._codes()
         layers = [b.attn.empty_state(batch_size, self.device) for b in self.blocks]
         histories = [torch.zeros(batch_size, self.cfg.short_conv, self.cfg.d_model, device=self.device)
                      for _ in self.blocks] if self.cfg.short_conv else []
-        return State(position=0, batch_size=batch_size, layers=layers, pe=recurrent.new_stream_states(self, codes, 0),
-                     plan=recurrent.build_plan(self, codes, weights_dtype), histories=histories)
+        return State(position=0, batch_size=batch_size, layers=layers, pe=self._streams(codes, 0),
+                     plan=build_plan(self, codes, weights_dtype), histories=histories)
 
     @torch.no_grad()
     def step(self, state: State, next_ids: torch.Tensor):
@@ -562,4 +519,17 @@ class Performer(nn.Module):
             raise SpemusicError(f"step: {next_ids.shape[0]} token ids for a state of batch {state.batch_size}")
         if self.abs_pe is not None:
             self.abs_pe.check(state.position, 1)
-        return recurrent.step(self, state, next_ids)
+        t, plan = state.position, state.plan
+        # the step's precision is the plan's, whatever autocast is active (the state stays fp32)
+        with torch.autocast(device_type=self.device.type, enabled=False):
+            if plan.code_buf is not None:  # the SPE codes at t, for every layer's filter
+                for i, qk in enumerate(self.spe.codes_at(plan.codes, state.pe, t)):
+                    plan.code_buf[i, :, :, 0].copy_(qk)
+            x = self.embed(next_ids[:, None], t)[:, 0].float()
+            for i, (blk, lp, S) in enumerate(zip(self.blocks, plan.layers, state.layers)):
+                x, history = blk.step(x, lp, plan, S, state.histories[i] if lp.shift is not None else None)
+                if history is not None:
+                    state.histories[i] = history
+            logits = self.head(x)
+        state.position = t + 1
+        return logits, state

@@ -23,7 +23,15 @@ Objects in this module:
 * ``SPEFilter``: the per-layer filter (with optional gating
   Q̄ ← √(1-g) Q̄ + √g ε, ε a position-independent draw) that turns q, k into
   q̂, k̂ given a shared *context* prepared once per forward by the code
-  generator (``SineSPE.context`` / ``ConvSPE.context``).
+  generator.
+* ``SPECodes``: a model's code generators (one shared by the layers, or one per
+  layer) and the realization in use: fresh per forward in training, fixed by a
+  seed in eval.
+
+Both generators implement one interface (``SPE``), so the model never asks which it has:
+``draw`` a realization, its ``context`` for positions start..start+T (the parallel path),
+``stream_init`` at a position and ``code_at`` one position at a time (the recurrent path).
+A third variant is one more subclass here.
 
 Normalisation: every Gaussian in a code has variance 1/R, so E[q̂·k̂] equals the
 formula above exactly (no extra factor R) and |q̂|² ≈ Σ_d q_d² P_d(0).
@@ -39,9 +47,9 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from .compiled import compiled
+from spemusic.fused import CosSin, sine_filter
 
-__all__ = ["SineSPE", "ConvSPE", "SPEFilter", "SineCode", "ConvCode", "mix_seed"]
+__all__ = ["SPE", "SineSPE", "ConvSPE", "SPECodes", "SPEFilter", "SineCode", "ConvCode", "mix_seed"]
 
 NOISE_BLOCK = 256  # positions per reproducible convSPE noise block
 
@@ -67,6 +75,36 @@ def _gen(seed: int) -> torch.Generator:
     return g
 
 
+class SPE(nn.Module):
+    """The interface of an SPE code generator (see the module doc). A code is one realization;
+    ``seed`` is a tuple of integers it derives from (None: a fresh draw from the global RNG, on the
+    device: training)."""
+
+    n_heads: int
+    d_head: int
+    R: int
+
+    def draw(self, seed: tuple[int, ...] | None = None, device=None):
+        raise NotImplementedError
+
+    def context(self, code, start: int, T: int, device=None) -> "SineContext | ConvContext":
+        """What every layer's filter needs for positions start..start+T."""
+        raise NotImplementedError
+
+    def stream_init(self, code, start: int, device):
+        """The state that gives the codes one position at a time from ``start`` (has ``clone``)."""
+        raise NotImplementedError
+
+    def code_at(self, code, stream, t: int) -> torch.Tensor:
+        """[Q̄_t; K̄_t] at position t alone: (2, H, D, R); the stream moves to t + 1."""
+        raise NotImplementedError
+
+    @staticmethod
+    def materialize(ctx) -> tuple[torch.Tensor, torch.Tensor]:
+        """The (ungated) codes Q̄, K̄ of a context as (T, H, D, R) tensors (tests, inspection)."""
+        return ctx.codes()
+
+
 # --------------------------------------------------------------------------- sineSPE
 
 
@@ -77,8 +115,12 @@ class SineCode:
     z: torch.Tensor
     eps: torch.Tensor
 
+    def to(self, device) -> "SineCode":
+        self.z, self.eps = self.z.to(device), self.eps.to(device)
+        return self
 
-class SineSPE(nn.Module):
+
+class SineSPE(SPE):
     """Sinusoidal SPE code generator (closed-form in the position).
 
     Q̄_m[d] = Σ_k λ_k [cos(2π f_k m + θ_k) Z_k,1 + sin(2π f_k m + θ_k) Z_k,2]
@@ -98,15 +140,16 @@ class SineSPE(nn.Module):
         self.gains = nn.Parameter(torch.randn(shape) / math.sqrt(n_sines))
 
     # ---- code ----
-    def draw(self, generator: torch.Generator | None = None, device=None) -> SineCode:
+    def draw(self, seed: tuple[int, ...] | None = None, device=None) -> SineCode:
         H, D, K, R = self.n_heads, self.d_head, self.n_sines, self.R
         dev = device if device is not None else self.freqs.device
-        if generator is None:  # training: fresh draw from the global RNG, on device
+        if seed is None:  # training: fresh draw from the global RNG, on device
             z = torch.randn(H, D, 2 * K, R, device=dev)
             eps = torch.randn(H, D, R, device=dev)
         else:
-            z = torch.randn(H, D, 2 * K, R, generator=generator).to(dev)
-            eps = torch.randn(H, D, R, generator=generator).to(dev)
+            g = _gen(mix_seed(*seed))
+            z = torch.randn(H, D, 2 * K, R, generator=g).to(dev)
+            eps = torch.randn(H, D, R, generator=g).to(dev)
         s = 1.0 / math.sqrt(R)
         return SineCode(z * s, eps * s)
 
@@ -134,14 +177,14 @@ class SineSPE(nn.Module):
         base = 2 * math.pi * f * pos  # (T, H, K, D) float64
         phq, phk = self._reduce(base + self.phases.double().transpose(1, 2)), self._reduce(base)
         # (T, H, K, 2, D) -> views (T, H, D, 2K)
-        return tuple(_CosSin.apply(ph).flatten(2, 3).transpose(2, 3) for ph in (phq, phk))
+        return tuple(CosSin.apply(ph).flatten(2, 3).transpose(2, 3) for ph in (phq, phk))
 
     def feature_gains(self) -> torch.Tensor:
         """λ per feature, (H, D, 2K) (each sine's gain for its cos and its sin)."""
         return self.gains.repeat_interleave(2, dim=-1)
 
     @torch.no_grad()
-    def step_tables(self, code: SineCode) -> "SineStepTables":
+    def stream_init(self, code: SineCode, start: int = 0, device=None) -> "SineStepTables":
         """Constants for the code at one position at a time (generation): one sin call gives
         every feature (cos x = sin(x + π/2)), the gains are folded into Z, and every table has
         the full (H, D, 2, K, 2) shape (broadcasting small tensors costs more than the arithmetic)."""
@@ -154,33 +197,61 @@ class SineSPE(nn.Module):
         z = code.z.view(H, D, K, 2, self.R) * self.gains[..., None, None]
         return SineStepTables(f2pi, offs, z.view(H * D, 2 * K, self.R))
 
-    @staticmethod
-    def code_at(tables: "SineStepTables", t: int) -> torch.Tensor:
-        """Codes [Q̄_t; K̄_t] at position t alone: (2, H, D, R) (a permuted view)."""
+    def code_at(self, code: SineCode, tables: "SineStepTables", t: int) -> torch.Tensor:
+        """Codes [Q̄_t; K̄_t] at position t alone: (2, H, D, R) (a permuted view); the code is
+        closed-form in t, so the tables do not change."""
         H, D, _, K, _ = tables.offs.shape
-        f = torch.sin(SineSPE._reduce(torch.add(tables.offs, tables.f2pi, alpha=t)))  # (H, D, 2, K, 2)
+        f = torch.sin(self._reduce(torch.add(tables.offs, tables.f2pi, alpha=t)))  # (H, D, 2, K, 2)
         qk = torch.bmm(f.view(H * D, 2, 2 * K), tables.z)  # (H·D, 2, R)
         return qk.view(H, D, 2, -1).permute(2, 0, 1, 3)
 
-    def context(self, code: SineCode, positions: torch.Tensor) -> "SPEContext":
-        fq, fk = self.features(positions)
+    def context(self, code: SineCode, start: int, T: int, device=None) -> "SineContext":
+        fq, fk = self.features(torch.arange(start, start + T, dtype=torch.float64))
         z_rows = torch.cat((code.z, code.eps[:, :, None]), 2).transpose(1, 2).reshape(self.n_heads, -1, self.R)
-        return SPEContext(kind="sine", a_q=fq, a_k=fk, z=code.z, eps=code.eps, gains=self.feature_gains(),
-                          z_rows=z_rows)
-
-    @staticmethod
-    def materialize(ctx: "SPEContext") -> tuple[torch.Tensor, torch.Tensor]:
-        """The (ungated) codes Q̄, K̄ as (T, H, D, R) tensors (for tests/inspection)."""
-        qbar = torch.einsum("thdj,hdjr->thdr", ctx.a_q * ctx.gains, ctx.z)
-        kbar = torch.einsum("thdj,hdjr->thdr", ctx.a_k * ctx.gains, ctx.z)
-        return qbar, kbar
+        return SineContext(a_q=fq, a_k=fk, z=code.z, eps=code.eps, gains=self.feature_gains(), z_rows=z_rows)
 
 
 @dataclass
 class SineStepTables:
+    """The stream of a sineSPE code: constants only (the code is closed-form in the position)."""
+
     f2pi: torch.Tensor  # (H, D, 2, K, 2) float64 angular frequencies
     offs: torch.Tensor  # (H, D, 2, K, 2) float64 phase offsets
     z: torch.Tensor  # (H·D, 2K, R) the code's Z times the gains
+
+    def clone(self) -> "SineStepTables":
+        return self  # never written
+
+    def nbytes(self) -> int:
+        return 0  # constants shared by every clone, as the plan's are
+
+
+@dataclass
+class SineContext:
+    """A sineSPE code at T positions, as the filter uses it: trig features a_q, a_k (T, H, D, 2K),
+    gains λ (H, D, 2K), Z (H, D, 2K, R), ε (H, D, R), and z_rows = [Z; ε] in the filter's layout
+    (H, (2K+1)·D, R), rows ordered (j, d): without a gate the filter uses the first 2K·D rows."""
+
+    a_q: torch.Tensor
+    a_k: torch.Tensor
+    z: torch.Tensor
+    eps: torch.Tensor
+    gains: torch.Tensor
+    z_rows: torch.Tensor
+
+    def filter(self, q: torch.Tensor, k: torch.Tensor, g: torch.Tensor | None):
+        """q, k (B, T, H, D), gate values g (H, D) or None -> q̂, k̂ (B, T, H, R) (see SPEFilter)."""
+        # gated: [λ√(1-g) per sine feature, √g] scale x's d-th feature against [Z; ε]
+        J, D = self.a_q.shape[-1], q.shape[-1]
+        scale, extra, zz = self.gains, None, self.z_rows[:, : J * D]  # Z's rows, before ε's
+        if g is not None:
+            scale, extra, zz = scale * torch.sqrt(1 - g)[..., None], torch.sqrt(g)[..., None], self.z_rows
+        return sine_filter(q, self.a_q, scale, extra, zz), sine_filter(k, self.a_k, scale, extra, zz)
+
+    def codes(self) -> tuple[torch.Tensor, torch.Tensor]:
+        qbar = torch.einsum("thdj,hdjr->thdr", self.a_q * self.gains, self.z)
+        kbar = torch.einsum("thdj,hdjr->thdr", self.a_k * self.gains, self.z)
+        return qbar, kbar
 
 
 # --------------------------------------------------------------------------- convSPE
@@ -195,8 +266,14 @@ class ConvCode:
     eps: torch.Tensor
     noise_cache: dict = field(default_factory=dict)
 
+    def to(self, device) -> "ConvCode":
+        if self.eps.device != torch.device(device):
+            self.eps = self.eps.to(device)
+            self.noise_cache.clear()
+        return self
 
-class ConvSPE(nn.Module):
+
+class ConvSPE(SPE):
     """Convolutional SPE code generator: Q̄ = Z ∗ φ_Q, K̄ = Z ∗ φ_K (causal, length L)."""
 
     def __init__(self, n_heads: int, d_head: int, kernel_size: int = 128, n_realizations: int = 64):
@@ -207,14 +284,13 @@ class ConvSPE(nn.Module):
         phi = torch.randn(n_heads, d_head, kernel_size) / math.sqrt(kernel_size)
         self.filters = nn.Parameter(torch.stack((phi, phi.clone())))  # (2, H, D, L): Q, K
 
-    def draw(self, generator: torch.Generator | None = None, device=None, seed: int | None = None) -> ConvCode:
+    def draw(self, seed: tuple[int, ...] | None = None, device=None) -> ConvCode:
         H, D, R = self.n_heads, self.d_head, self.R
         dev = device if device is not None else self.filters.device
-        if generator is None:
-            eps = torch.randn(H, D, R, device=dev)
-        else:
-            eps = torch.randn(H, D, R, generator=generator).to(dev)
-        return ConvCode(seed=seed, eps=eps / math.sqrt(R))
+        if seed is None:
+            return ConvCode(seed=None, eps=torch.randn(H, D, R, device=dev) / math.sqrt(R))
+        eps = torch.randn(H, D, R, generator=_gen(mix_seed(*seed))).to(dev)
+        return ConvCode(seed=mix_seed(*seed, 1), eps=eps / math.sqrt(R))
 
     # Noise at position p: (H, D, R) ~ N(0, 1/R), reproducible from (seed, p // NOISE_BLOCK).
     def noise_block(self, code: ConvCode, j: int, device) -> torch.Tensor:
@@ -251,11 +327,11 @@ class ConvSPE(nn.Module):
         out = out[:, L - 1:L - 1 + T]
         return out[0], out[1]
 
-    def context(self, code: ConvCode, start: int, T: int, device=None) -> "SPEContext":
+    def context(self, code: ConvCode, start: int, T: int, device=None) -> "ConvContext":
         dev = device if device is not None else self.filters.device
         z = self.noise(code, start - self.L + 1, start + T, dev)
         qbar, kbar = self.codes_from_noise(z, T)
-        return SPEContext(kind="conv", a_q=qbar, a_k=kbar, z=None, eps=code.eps)
+        return ConvContext(a_q=qbar, a_k=kbar, eps=code.eps)
 
     def cross_correlation(self) -> torch.Tensor:
         """P(τ) = Σ_l φ_Q[l] φ_K[l - τ] for τ = -(L-1)..(L-1): (2L-1, H, D)."""
@@ -269,10 +345,6 @@ class ConvSPE(nn.Module):
                 out.append((fq[..., :L + tau] * fk[..., -tau:]).sum(-1))
         return torch.stack(out)
 
-    @staticmethod
-    def materialize(ctx: "SPEContext") -> tuple[torch.Tensor, torch.Tensor]:
-        return ctx.a_q, ctx.a_k
-
     # ---- streaming ----
     def stream_init(self, code: ConvCode, start: int, device) -> "ConvStream":
         """Ring buffer holding the noise at positions start-L .. start-1 (slot p % L)."""
@@ -284,8 +356,8 @@ class ConvSPE(nn.Module):
         buf[:, slots] = z.reshape(L, HD, self.R).transpose(0, 1)
         return ConvStream(buf=buf)
 
-    def stream_step(self, code: ConvCode, stream: "ConvStream", t: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Codes at position t alone: (1, H, D, R) each; pushes Z_t into the ring buffer."""
+    def code_at(self, code: ConvCode, stream: "ConvStream", t: int) -> torch.Tensor:
+        """Codes [Q̄_t; K̄_t] at position t alone: (2, H, D, R); pushes Z_t into the ring buffer."""
         L, H, D, R = self.L, self.n_heads, self.d_head, self.R
         dev = stream.buf.device
         zt = self.noise(code, t, t + 1, dev)[0]  # (H, D, R)
@@ -296,8 +368,7 @@ class ConvSPE(nn.Module):
         idx = (t - stream.lag_index) % L
         w = self.filters.detach().reshape(2, H * D, L)[:, :, idx].transpose(0, 1)  # (HD, 2, L)
         codes = torch.bmm(w, stream.buf)  # (HD, 2, R)
-        codes = codes.transpose(0, 1).reshape(2, 1, H, D, R)
-        return codes[0], codes[1]
+        return codes.transpose(0, 1).reshape(2, H, D, R)
 
 
 @dataclass
@@ -308,150 +379,34 @@ class ConvStream:
     def clone(self) -> "ConvStream":
         return ConvStream(buf=self.buf.clone(), lag_index=self.lag_index)
 
-
-# --------------------------------------------------------------------------- filter
+    def nbytes(self) -> int:
+        return self.buf.numel() * self.buf.element_size()
 
 
 @dataclass
-class SPEContext:
-    """What every layer's SPEFilter needs for one forward (shared across layers).
+class ConvContext:
+    """A convSPE code at T positions: the codes Q̄, K̄ themselves (T, H, D, R), and ε (H, D, R)."""
 
-    sine: a_q, a_k are trig features (T, H, D, 2K), gains λ (H, D, 2K), z (H, D, 2K, R), and
-    z_rows = [Z; ε] in the filter's layout (H, (2K+1)·D, R), rows ordered (j, d): without a
-    gate the filter uses the first 2K·D rows;
-    conv: a_q, a_k are the codes Q̄, K̄ themselves (T, H, D, R), z, gains and z_rows are None.
-    """
-
-    kind: str
     a_q: torch.Tensor
     a_k: torch.Tensor
-    z: torch.Tensor | None
     eps: torch.Tensor
-    gains: torch.Tensor | None = None
-    z_rows: torch.Tensor | None = None
+
+    def filter(self, q: torch.Tensor, k: torch.Tensor, g: torch.Tensor | None):
+        """q, k (B, T, H, D), gate values g (H, D) or None -> q̂, k̂ (B, T, H, R) (see SPEFilter)."""
+        qs, ks = (q * torch.sqrt(1 - g), k * torch.sqrt(1 - g)) if g is not None else (q, k)
+        qh = torch.einsum("bthd,thdr->bthr", qs, self.a_q)
+        kh = torch.einsum("bthd,thdr->bthr", ks, self.a_k)
+        if g is not None:
+            sg = torch.sqrt(g)
+            qh = qh + torch.einsum("bthd,hdr->bthr", q * sg, self.eps)
+            kh = kh + torch.einsum("bthd,hdr->bthr", k * sg, self.eps)
+        return qh, kh
+
+    def codes(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.a_q, self.a_k
 
 
-SINE_TILE_ROWS = 1024  # (batch × positions) rows per tile of the sineSPE filter
-
-
-class _CosSin(torch.autograd.Function):
-    """[cos x, sin x] stacked on a new second-to-last axis, keeping only that output for the
-    backward pass (d/dx [cos, sin] = [-sin, cos]): the phases need not be held as well."""
-
-    @staticmethod
-    def forward(ctx, x):
-        out = torch.stack((torch.cos(x), torch.sin(x)), -2)
-        ctx.save_for_backward(out)
-        return out
-
-    @staticmethod
-    def backward(ctx, grad):
-        (out,) = ctx.saved_tensors
-        return out[..., 0, :] * grad[..., 1, :] - out[..., 1, :] * grad[..., 0, :]
-
-
-class _SineFilter(torch.autograd.Function):
-    """x̂[b, t, h] = Σ_{d, j} x[b, t, h, d] · trig[t, h, d, j] · scale[h, d, j] · zz[h, (j, d)]
-    (+ Σ_d x[b, t, h, d] · extra[h, d] · zz[h, (J, d)] when gated: the ε rows).
-
-    Written out by hand so that autograd keeps only x (the projection's output, held anyway), the
-    trig features (shared by every layer) and the small scales, not a gated copy of x per layer.
-    The (H, B, t, J, D) products are formed a tile of positions at a time, forward and backward
-    (in one piece they are too large for the caches), head-major with D innermost so that the
-    elementwise products run along contiguous rows and feed one batched product per tile. The
-    tiles' elementwise products and the batched products run in ``mm_dtype`` (bf16 under autocast:
-    the tile is the filter's largest tensor, and converting it to and from fp32 took more time than
-    the products); the sums over positions (the gradients of the small per-feature factors)
-    accumulate in fp32. trig is expected as a view of a (T, H, J, D)-contiguous tensor
-    (``SineSPE.features`` makes it so); any layout is correct.
-    """
-
-    @staticmethod
-    def forward(ctx, x, trig, scale, extra, zz, mm_dtype):
-        ctx.save_for_backward(x, trig, scale, extra, zz)
-        ctx.mm_dtype = mm_dtype
-        B, T, H, _ = x.shape
-        zz = zz.to(mm_dtype)
-        out = x.new_empty(B, H, T, zz.shape[-1], dtype=mm_dtype)
-        # training (x needs a gradient): the compiled tile product; elsewhere shapes vary, eager
-        product = compiled(_tile_product) if x.requires_grad else _tile_product
-        for t0, t1 in _tiles(B, T):
-            p = product(_tile_x(x, t0, t1), trig[t0:t1], scale, extra, mm_dtype)
-            res = torch.bmm(p.view(H, B * (t1 - t0), -1), zz)
-            out[:, :, t0:t1] = res.view(H, B, t1 - t0, -1).transpose(0, 1)
-        return out.transpose(1, 2)
-
-    @staticmethod
-    def backward(ctx, grad):
-        x, trig, scale, extra, zz = ctx.saved_tensors
-        B, T, H, D = x.shape
-        zzt = zz.to(ctx.mm_dtype).transpose(1, 2)
-        want_trig = ctx.needs_input_grad[1]
-        grad_x = torch.empty_like(x)
-        grad_trig = torch.empty_like(trig) if want_trig else None
-        grad_scale = torch.zeros_like(scale)
-        grad_extra = torch.zeros_like(extra) if extra is not None else None
-        for t0, t1 in _tiles(B, T):
-            t = t1 - t0
-            g = grad[:, t0:t1].permute(2, 0, 1, 3).to(ctx.mm_dtype).reshape(H, B * t, -1)
-            gp = torch.bmm(g, zzt).view(H, B, t, -1, D)  # ∂L/∂(GEMM input), in mm_dtype
-            gx, gt, gs, ge = compiled(_tile_grads)(gp, _tile_x(x, t0, t1), trig[t0:t1], scale, extra, want_trig)
-            grad_x[:, t0:t1] = gx
-            grad_scale += gs
-            if want_trig:
-                grad_trig[t0:t1] = gt
-            if extra is not None:
-                grad_extra += ge
-        return grad_x, grad_trig, grad_scale, grad_extra, None, None
-
-
-def _tile_x(x, t0, t1):
-    """x's tile as a (H, B, t, 1, D) view."""
-    return x[:, t0:t1].permute(2, 0, 1, 3)[..., None, :]
-
-
-def _tile_features(trig, scale, extra):
-    """A tile's per-feature factors trig · scale [, extra]: (H, t, J[+1], D) from trig (t, H, D, J)."""
-    f = trig.permute(1, 0, 3, 2) * scale.transpose(1, 2)[:, None]
-    if extra is None:
-        return f
-    return torch.cat((f, extra.transpose(1, 2)[:, None].expand(-1, f.shape[1], -1, -1)), 2)
-
-
-def _tile_product(x, trig, scale, extra, dtype):
-    """The GEMM input of one tile, in dtype: x (H, B, t, 1, D) times its features (H, t, J', D)."""
-    return x.to(dtype) * _tile_features(trig, scale, extra).to(dtype)[:, None]
-
-
-def _tile_grads(gp, x, trig, scale, extra, want_trig: bool):
-    """One tile's gradients from gp = ∂L/∂(x·features) (H, B, t, J', D), summed in fp32:
-    ∂L/∂x (B, t, H, D) in x's dtype, ∂L/∂trig (t, H, D, J) (None unless want_trig), and this
-    tile's shares of ∂L/∂scale (H, D, J) and ∂L/∂extra (H, D, 1) (None without extra)."""
-    J = trig.shape[-1]
-    f = _tile_features(trig, scale, extra)
-    gx = (gp.float() * f[:, None]).sum(3).to(x.dtype).permute(1, 2, 0, 3)
-    gf = (gp.float() * x.float()).sum(1)  # (H, t, J', D)
-    gs = gf[:, :, :J]
-    # ∂L/∂trig laid out as trig is ((t, H, J, D) in memory, seen as (t, H, D, J)), so that storing
-    # it is a plain copy, not a transposing one
-    g_trig = (gs * scale.transpose(1, 2)[:, None]).permute(1, 0, 2, 3).contiguous().transpose(2, 3) if want_trig else None
-    g_scale = (gs * trig.permute(1, 0, 3, 2)).sum(1).transpose(1, 2)
-    g_extra = gf[:, :, J:].sum(1).transpose(1, 2) if extra is not None else None
-    return gx, g_trig, g_scale, g_extra
-
-
-def _tiles(B: int, T: int):
-    step = max(1, SINE_TILE_ROWS // B)
-    return [(t0, min(T, t0 + step)) for t0 in range(0, T, step)]
-
-
-def _sine_filter(x, trig, scale, extra, zz) -> torch.Tensor:
-    """x (B, T, H, D), trig (T, H, D, J), scale (H, D, J), extra (H, D, 1) or None, zz (H, J[+1]·D, R)
-    -> (B, T, H, R); see _SineFilter."""
-    dev = x.device.type
-    mm_dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else torch.float32
-    with torch.autocast(dev, enabled=False):
-        return _SineFilter.apply(x, trig, scale, extra, zz, mm_dtype)
+# --------------------------------------------------------------------------- filter
 
 
 class SPEFilter(nn.Module):
@@ -471,37 +426,50 @@ class SPEFilter(nn.Module):
     def gate_values(self) -> torch.Tensor | None:
         return torch.sigmoid(self.gate) if self.gated else None
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, ctx: SPEContext) -> tuple[torch.Tensor, torch.Tensor]:
-        """q, k: (B, T, H, D) -> q̂, k̂: (B, T, H, R)."""
-        if ctx.kind == "sine":
-            # gated: [λ√(1-g) per sine feature, √g] scale x's d-th feature against [Z; ε]
-            J, D = ctx.a_q.shape[-1], q.shape[-1]
-            scale, extra, zz = ctx.gains, None, ctx.z_rows[:, : J * D]  # Z's rows, before ε's
-            if self.gated:
-                g = torch.sigmoid(self.gate)
-                scale, extra, zz = scale * torch.sqrt(1 - g)[..., None], torch.sqrt(g)[..., None], ctx.z_rows
-            return _sine_filter(q, ctx.a_q, scale, extra, zz), _sine_filter(k, ctx.a_k, scale, extra, zz)
-        if self.gated:
-            g = torch.sigmoid(self.gate)
-            qs, ks = q * torch.sqrt(1 - g), k * torch.sqrt(1 - g)
-        else:
-            qs, ks = q, k
-        qh = torch.einsum("bthd,thdr->bthr", qs, ctx.a_q)
-        kh = torch.einsum("bthd,thdr->bthr", ks, ctx.a_k)
-        if self.gated:
-            sg = torch.sqrt(g)
-            qh = qh + torch.einsum("bthd,hdr->bthr", q * sg, ctx.eps)
-            kh = kh + torch.einsum("bthd,hdr->bthr", k * sg, ctx.eps)
-        return qh, kh
+    def forward(self, q: torch.Tensor, k: torch.Tensor, ctx) -> tuple[torch.Tensor, torch.Tensor]:
+        """q, k: (B, T, H, D) -> q̂, k̂: (B, T, H, R), ctx: the code's SineContext or ConvContext."""
+        return ctx.filter(q, k, self.gate_values())
 
-    def code(self, ctx: SPEContext) -> tuple[torch.Tensor, torch.Tensor]:
+    def code(self, ctx) -> tuple[torch.Tensor, torch.Tensor]:
         """The effective (gated) codes Q̄', K̄' as (T, H, D, R) (for tests/inspection)."""
-        if ctx.kind == "sine":
-            qbar, kbar = SineSPE.materialize(ctx)
-        else:
-            qbar, kbar = ctx.a_q, ctx.a_k
+        qbar, kbar = ctx.codes()
         if self.gated:
             g = torch.sigmoid(self.gate)[..., None]
             qbar = torch.sqrt(1 - g) * qbar + torch.sqrt(g) * ctx.eps
             kbar = torch.sqrt(1 - g) * kbar + torch.sqrt(g) * ctx.eps
         return qbar, kbar
+
+
+class SPECodes(nn.ModuleList):
+    """A model's SPE code generators (one shared by every layer, or one per layer; a ModuleList,
+    so the checkpoints' parameter names are those of a plain list) and the realization in use:
+    a fresh draw per forward in training, the one fixed by ``resample`` in eval."""
+
+    def __init__(self, modules, n_layers: int):
+        super().__init__(modules)
+        self.n_layers = n_layers
+        self.seed: int | None = None
+        self.fixed: list | None = None  # eval-mode codes, one per module
+
+    def resample(self, seed: int, device) -> None:
+        self.seed = int(seed)
+        self.fixed = [m.draw((self.seed, i), device) for i, m in enumerate(self)]
+
+    def codes(self, training: bool, device) -> list:
+        if training:
+            return [m.draw(None, device) for m in self]
+        if self.fixed is None:
+            self.resample(0 if self.seed is None else self.seed, device)
+        return [c.to(device) for c in self.fixed]
+
+    def contexts(self, codes: list, start: int, T: int, device) -> list:
+        """Per layer, the context of its code for positions start..start+T."""
+        ctxs = [m.context(c, start, T, device) for m, c in zip(self, codes)]
+        return ctxs * self.n_layers if len(ctxs) == 1 else ctxs
+
+    def streams(self, codes: list, start: int, device) -> list:
+        return [m.stream_init(c, start, device) for m, c in zip(self, codes)]
+
+    def codes_at(self, codes: list, streams: list, t: int) -> list:
+        """Per module, [Q̄_t; K̄_t] (2, H, D, R); the streams move to t + 1."""
+        return [m.code_at(c, st, t) for m, c, st in zip(self, codes, streams)]

@@ -1,0 +1,205 @@
+"""Autograd functions that save memory in training, each equal to a plain expression.
+
+Autograd would keep every intermediate of these expressions for the backward pass; each function
+here keeps only what its backward needs (tensors held anyway, or cheap to recompute) and computes
+the same values and gradients (tests/test_model.py compares each with its plain expression):
+
+    norm_linear(x, norm, W, b)    = F.linear(norm(x), W, b)
+    gelu_linear(u, linear)        = linear(F.gelu(u))
+    CosSin.apply(x)               = torch.stack((cos x, sin x), -2)
+    sine_filter(x, trig, s, e, zz) = the sineSPE filter (SineFilter: its formula)
+
+Outside training (no gradient) the plain expressions run.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from spemusic.compiled import compiled
+
+__all__ = ["CosSin", "GeluLinear", "NormLinear", "SineFilter", "gelu_linear", "norm_linear", "sine_filter"]
+
+
+class NormLinear(torch.autograd.Function):
+    """linear(layer_norm(x), weight, bias) keeping x and its statistics for the backward pass (the
+    norm's own backward needs them anyway): the normalised x is recomputed there (elementwise,
+    cheap) instead of being held, for the three norms of every layer and the head."""
+
+    @staticmethod
+    def forward(ctx, x, ln_weight, ln_bias, eps, weight, bias):
+        xn, mean, rstd = torch.native_layer_norm(x, x.shape[-1:], ln_weight, ln_bias, eps)
+        ctx.save_for_backward(x, mean, rstd, ln_weight, ln_bias, weight)
+        ctx.eps, ctx.has_bias = eps, bias is not None
+        return F.linear(xn, weight, bias)  # under autocast: in its dtype, like nn.Linear
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, mean, rstd, ln_weight, ln_bias, weight = ctx.saved_tensors
+        dt = grad.dtype
+        xn = torch.native_layer_norm(x, x.shape[-1:], ln_weight, ln_bias, ctx.eps)[0]
+        g = grad.reshape(-1, grad.shape[-1])
+        grad_xn = (grad @ weight.to(dt)).to(x.dtype)
+        grad_x, grad_lw, grad_lb = torch.ops.aten.native_layer_norm_backward(
+            grad_xn, x, x.shape[-1:], mean, rstd, ln_weight, ln_bias, [True, True, True])
+        grad_w = g.T @ xn.reshape(-1, xn.shape[-1]).to(dt)
+        return grad_x, grad_lw, grad_lb, None, grad_w, g.sum(0) if ctx.has_bias else None
+
+
+def norm_linear(x: torch.Tensor, norm: nn.LayerNorm, weight: torch.Tensor, bias: torch.Tensor | None):
+    """linear(norm(x)); in training, through NormLinear (less memory, same gradients)."""
+    if norm.training and torch.is_grad_enabled():
+        return NormLinear.apply(x, norm.weight, norm.bias, norm.eps, weight, bias)
+    return F.linear(norm(x), weight, bias)
+
+
+class GeluLinear(torch.autograd.Function):
+    """linear(gelu(u), weight, bias) keeping only u for the backward pass: gelu(u) is recomputed
+    there (elementwise, ~2% of a step) instead of being held, d_ff wide, for every layer."""
+
+    @staticmethod
+    def forward(ctx, u, weight, bias):
+        ctx.save_for_backward(u, weight)
+        return F.linear(F.gelu(u), weight, bias)  # under autocast: in its dtype, like nn.Linear
+
+    @staticmethod
+    def backward(ctx, grad):
+        u, weight = ctx.saved_tensors
+        dt = grad.dtype
+        a = F.gelu(u).to(dt).reshape(-1, u.shape[-1])
+        g = grad.reshape(-1, grad.shape[-1])
+        grad_u = torch.ops.aten.gelu_backward((grad @ weight.to(dt)).to(u.dtype), u)
+        # autograd casts the weight and bias gradients to the parameters' dtype
+        return grad_u, g.T @ a, g.sum(0)
+
+
+def gelu_linear(u: torch.Tensor, linear: nn.Linear) -> torch.Tensor:
+    """linear(gelu(u)); in training, through GeluLinear (less memory, same gradients)."""
+    if linear.training and torch.is_grad_enabled():
+        return GeluLinear.apply(u, linear.weight, linear.bias)
+    return linear(F.gelu(u))
+
+
+
+SINE_TILE_ROWS = 1024  # (batch × positions) rows per tile of the sineSPE filter
+
+
+class CosSin(torch.autograd.Function):
+    """[cos x, sin x] stacked on a new second-to-last axis, keeping only that output for the
+    backward pass (d/dx [cos, sin] = [-sin, cos]): the phases need not be held as well."""
+
+    @staticmethod
+    def forward(ctx, x):
+        out = torch.stack((torch.cos(x), torch.sin(x)), -2)
+        ctx.save_for_backward(out)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        (out,) = ctx.saved_tensors
+        return out[..., 0, :] * grad[..., 1, :] - out[..., 1, :] * grad[..., 0, :]
+
+
+class SineFilter(torch.autograd.Function):
+    """x̂[b, t, h] = Σ_{d, j} x[b, t, h, d] · trig[t, h, d, j] · scale[h, d, j] · zz[h, (j, d)]
+    (+ Σ_d x[b, t, h, d] · extra[h, d] · zz[h, (J, d)] when gated: the ε rows).
+
+    Written out by hand so that autograd keeps only x (the projection's output, held anyway), the
+    trig features (shared by every layer) and the small scales, not a gated copy of x per layer.
+    The (H, B, t, J, D) products are formed a tile of positions at a time, forward and backward
+    (in one piece they are too large for the caches), head-major with D innermost so that the
+    elementwise products run along contiguous rows and feed one batched product per tile. The
+    tiles' elementwise products and the batched products run in ``mm_dtype`` (bf16 under autocast:
+    the tile is the filter's largest tensor, and converting it to and from fp32 took more time than
+    the products); the sums over positions (the gradients of the small per-feature factors)
+    accumulate in fp32. trig is expected as a view of a (T, H, J, D)-contiguous tensor
+    (``SineSPE.features`` makes it so); any layout is correct.
+    """
+
+    @staticmethod
+    def forward(ctx, x, trig, scale, extra, zz, mm_dtype):
+        ctx.save_for_backward(x, trig, scale, extra, zz)
+        ctx.mm_dtype = mm_dtype
+        B, T, H, _ = x.shape
+        zz = zz.to(mm_dtype)
+        out = x.new_empty(B, H, T, zz.shape[-1], dtype=mm_dtype)
+        # training (x needs a gradient): the compiled tile product; elsewhere shapes vary, eager
+        product = compiled(_tile_product) if x.requires_grad else _tile_product
+        for t0, t1 in _tiles(B, T):
+            p = product(_tile_x(x, t0, t1), trig[t0:t1], scale, extra, mm_dtype)
+            res = torch.bmm(p.view(H, B * (t1 - t0), -1), zz)
+            out[:, :, t0:t1] = res.view(H, B, t1 - t0, -1).transpose(0, 1)
+        return out.transpose(1, 2)
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, trig, scale, extra, zz = ctx.saved_tensors
+        B, T, H, D = x.shape
+        zzt = zz.to(ctx.mm_dtype).transpose(1, 2)
+        want_trig = ctx.needs_input_grad[1]
+        grad_x = torch.empty_like(x)
+        grad_trig = torch.empty_like(trig) if want_trig else None
+        grad_scale = torch.zeros_like(scale)
+        grad_extra = torch.zeros_like(extra) if extra is not None else None
+        for t0, t1 in _tiles(B, T):
+            t = t1 - t0
+            g = grad[:, t0:t1].permute(2, 0, 1, 3).to(ctx.mm_dtype).reshape(H, B * t, -1)
+            gp = torch.bmm(g, zzt).view(H, B, t, -1, D)  # ∂L/∂(GEMM input), in mm_dtype
+            gx, gt, gs, ge = compiled(_tile_grads)(gp, _tile_x(x, t0, t1), trig[t0:t1], scale, extra, want_trig)
+            grad_x[:, t0:t1] = gx
+            grad_scale += gs
+            if want_trig:
+                grad_trig[t0:t1] = gt
+            if extra is not None:
+                grad_extra += ge
+        return grad_x, grad_trig, grad_scale, grad_extra, None, None
+
+
+def _tile_x(x, t0, t1):
+    """x's tile as a (H, B, t, 1, D) view."""
+    return x[:, t0:t1].permute(2, 0, 1, 3)[..., None, :]
+
+
+def _tile_features(trig, scale, extra):
+    """A tile's per-feature factors trig · scale [, extra]: (H, t, J[+1], D) from trig (t, H, D, J)."""
+    f = trig.permute(1, 0, 3, 2) * scale.transpose(1, 2)[:, None]
+    if extra is None:
+        return f
+    return torch.cat((f, extra.transpose(1, 2)[:, None].expand(-1, f.shape[1], -1, -1)), 2)
+
+
+def _tile_product(x, trig, scale, extra, dtype):
+    """The GEMM input of one tile, in dtype: x (H, B, t, 1, D) times its features (H, t, J', D)."""
+    return x.to(dtype) * _tile_features(trig, scale, extra).to(dtype)[:, None]
+
+
+def _tile_grads(gp, x, trig, scale, extra, want_trig: bool):
+    """One tile's gradients from gp = ∂L/∂(x·features) (H, B, t, J', D), summed in fp32:
+    ∂L/∂x (B, t, H, D) in x's dtype, ∂L/∂trig (t, H, D, J) (None unless want_trig), and this
+    tile's shares of ∂L/∂scale (H, D, J) and ∂L/∂extra (H, D, 1) (None without extra)."""
+    J = trig.shape[-1]
+    f = _tile_features(trig, scale, extra)
+    gx = (gp.float() * f[:, None]).sum(3).to(x.dtype).permute(1, 2, 0, 3)
+    gf = (gp.float() * x.float()).sum(1)  # (H, t, J', D)
+    gs = gf[:, :, :J]
+    # ∂L/∂trig laid out as trig is ((t, H, J, D) in memory, seen as (t, H, D, J)), so that storing
+    # it is a plain copy, not a transposing one
+    g_trig = (gs * scale.transpose(1, 2)[:, None]).permute(1, 0, 2, 3).contiguous().transpose(2, 3) if want_trig else None
+    g_scale = (gs * trig.permute(1, 0, 3, 2)).sum(1).transpose(1, 2)
+    g_extra = gf[:, :, J:].sum(1).transpose(1, 2) if extra is not None else None
+    return gx, g_trig, g_scale, g_extra
+
+
+def _tiles(B: int, T: int):
+    step = max(1, SINE_TILE_ROWS // B)
+    return [(t0, min(T, t0 + step)) for t0 in range(0, T, step)]
+
+
+def sine_filter(x, trig, scale, extra, zz) -> torch.Tensor:
+    """x (B, T, H, D), trig (T, H, D, J), scale (H, D, J), extra (H, D, 1) or None, zz (H, J[+1]·D, R)
+    -> (B, T, H, R); see SineFilter."""
+    dev = x.device.type
+    mm_dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else torch.float32
+    with torch.autocast(dev, enabled=False):
+        return SineFilter.apply(x, trig, scale, extra, zz, mm_dtype)
