@@ -19,7 +19,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from . import __version__
-from .errors import SpemusicError
+from .errors import OptionError, SpemusicError
 
 # typer prints a <bool> type placeholder after every flag (--overwrite <bool>), as if it took a
 # value; flags take none, so their type column stays empty
@@ -69,6 +69,14 @@ class _LazyProgress(Progress):
 
 def _progress(*columns, disable: bool = False) -> Progress:
     return _LazyProgress(*columns, console=err, disable=disable, transient=False)
+
+
+_FLAGS = {"data": "DATA", "output": "-o", "run_dir": "-o", "config": "--config"}
+
+
+def _flag(name: str) -> str:
+    """How the command line writes an option the library names by parameter (seq_len: --seq-len)."""
+    return _FLAGS.get(name, "--" + name.replace("_", "-"))
 
 
 def _set_threads(threads: Optional[int], default: Optional[int] = None) -> None:
@@ -1279,7 +1287,8 @@ def main() -> None:
         err.print("interrupted")
         _exit_interrupted()
     except SpemusicError as e:
-        err.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False)
+        text = e.spelled(_flag) if isinstance(e, OptionError) else str(e)
+        err.print(f"[bold red]error:[/] {escape(text)}", highlight=False)
         sys.exit(1)
     except KeyboardInterrupt:
         err.print("interrupted")
