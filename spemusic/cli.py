@@ -830,6 +830,7 @@ def _generate_or_continue(model_name, prompt_path, prompt_bars, length, bars, nu
     import torch
 
     from .checkpoint import load_model
+    from .device import pick_device
     from .files import write_output
     from .generate import count_bars, load_prompt, merge_continuation, midi_bytes, output_paths
     from .tokenizer import REMITokenizer
@@ -846,10 +847,7 @@ def _generate_or_continue(model_name, prompt_path, prompt_bars, length, bars, nu
 
         seed = secrets.randbelow(2**31)
     _sampling_options({}, temperature, top_k, top_p, bar_top_p)  # refused before any work when out of range
-    if device not in ("cpu",) and not device.startswith("cuda"):
-        raise SpemusicError(f"--device must be cpu or cuda (got {device!r})")
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise SpemusicError("--device cuda: no CUDA GPU is available")
+    pick_device(device, auto=False)
     paths = output_paths(output, num, overwrite)
     if png:
         from .files import check_output_file
