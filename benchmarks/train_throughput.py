@@ -84,7 +84,10 @@ def main() -> None:
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="inductor-cold-")
     if args.compare:
         return compare(args)
-    from spemusic.train import cpu_has_fast_bf16, pick_dtype
+    try:
+        from spemusic.device import cpu_has_fast_bf16, pick_dtype
+    except ImportError:  # a revision from before device.py
+        from spemusic.train import cpu_has_fast_bf16, pick_dtype
 
     torch.manual_seed(0)
     cfg = ModelConfig.preset("small", vocab_size=589, pe=args.pe, attention=args.attention,

@@ -24,6 +24,7 @@ import safetensors
 import safetensors.torch
 import torch
 
+from .device import require_available
 from .errors import SpemusicError
 from .memory import available_memory
 from .model import ModelConfig, Performer
@@ -166,8 +167,7 @@ def load_model(name_or_path: str | Path = "pop-piano", device: str | torch.devic
                return_info: bool = False):
     """Load a model and its tokenizer (eval mode, fp32) from a shipped name, a checkpoint folder or
     .safetensors file, or a run folder (its `best` checkpoint, else `last`)."""
-    if torch.device(device).type == "cuda" and not torch.cuda.is_available():
-        raise SpemusicError("device cuda: no CUDA GPU is available")
+    require_available(device)
     weights = resolve(name_or_path)
     meta = read_metadata(weights)
     model_cfg, tokenizer = validated_configs(weights, meta)

@@ -19,7 +19,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from . import __version__
-from .errors import SpemusicError
+from .errors import OptionError, SpemusicError
 
 # typer prints a <bool> type placeholder after every flag (--overwrite <bool>), as if it took a
 # value; flags take none, so their type column stays empty
@@ -69,6 +69,14 @@ class _LazyProgress(Progress):
 
 def _progress(*columns, disable: bool = False) -> Progress:
     return _LazyProgress(*columns, console=err, disable=disable, transient=False)
+
+
+_FLAGS = {"data": "DATA", "output": "-o", "run_dir": "-o", "config": "--config"}
+
+
+def _flag(name: str) -> str:
+    """How the command line writes an option the library names by parameter (seq_len: --seq-len)."""
+    return _FLAGS.get(name, "--" + name.replace("_", "-"))
 
 
 def _set_threads(threads: Optional[int], default: Optional[int] = None) -> None:
@@ -508,7 +516,7 @@ def train(
 
     torchrun --nproc_per_node 4 -m spemusic train my_midis/ -o runs/big --preset paper --steps 100000
     """
-    from .train import TrainConfig, train as run_training
+    from .train import TrainConfig
 
     _set_threads(threads)
     _check_model_names(init_from, option="--init-from")
@@ -520,14 +528,10 @@ def train(
         device=device, precision=precision, compile=compile, checkpoint_activations=checkpoint_activations,
         seed=seed, max_len=max_len, short_conv=short_conv, init_from=init_from, beats=str(beats) if beats else None,
         chords=str(chords) if chords else None).items() if v is not None}
-    if resume is not None:
-        # a resumed run keeps its own options (they are in RUN/run.json); only its length may grow
-        ignored = [f"--{k.replace('_', '-')}" for k in given if k != "steps"]
-        ignored += [name for name, v in (("DATA", data), ("-o", output), ("--config", config)) if v is not None]
-        if ignored:
-            raise SpemusicError(f"--resume continues {resume} with its own options; drop {', '.join(ignored)} "
-                                "(only --steps and --stop-after apply)")
-        run_training(TrainConfig(steps=given.get("steps", 0)), resume, resume=True, stop_after=stop_after, console=err)
+    if resume is not None:  # all that was typed goes to the resume rules (train.resolve_run)
+        typed = {**given, **{k: v for k, v in (("data", data), ("output", output), ("config", config))
+                             if v is not None}}
+        _run_training(typed, resume, resume=True, stop_after=stop_after)
         return
     options: dict = {}
     if config is not None:
@@ -545,7 +549,78 @@ def train(
         if clash:
             raise SpemusicError(f"--init-from takes the model from {options['init_from']}; drop {', '.join(clash)}")
     cfg = TrainConfig.from_dict(options, source=str(config) if config else "")
-    run_training(cfg, output, stop_after=stop_after, console=err)
+    _run_training(cfg, output, stop_after=stop_after)
+
+
+def _run_training(cfg, run_dir: Path, *, resume: bool = False, stop_after: Optional[int]) -> None:
+    """train.train with its progress and summary printed (by the main process under torchrun)."""
+    from .train import train as run_training
+
+    progress = _progress(TextColumn("[bold]train"), BarColumn(), TextColumn("step {task.completed}/{task.total}"),
+                         TextColumn("loss {task.fields[loss]}"), TextColumn("{task.fields[tps]} tok/s"),
+                         TimeElapsedColumn(), TimeRemainingColumn())
+    printer = _train_printer(progress)
+    with progress:
+        summary = run_training(cfg, run_dir, resume=resume, stop_after=stop_after, events=printer)
+    if printer.task is not None and summary["train_loss"] is not None:  # the main process, after a step
+        _say_trained(summary)
+
+
+def _say_trained(summary: dict) -> None:
+    """A run's last line: where it stopped, its losses, where its checkpoints are."""
+    stopped = summary["steps"] < summary["total_steps"]
+    best, folder = summary["best_valid_loss"], escape(summary["run_dir"])
+    line = (("stopped (--stop-after)" if stopped else "done") + f": step {summary['steps']}/{summary['total_steps']}, "
+            f"train loss {summary['train_loss']:.4f} (mean of the last {summary['train_loss_steps']} steps)")
+    if summary["valid_loss"] is not None:
+        line += f", valid loss {summary['valid_loss']:.4f} (best {math.inf if best is None else best:.4f})"
+    line += f", {summary['wall_seconds']:.0f} s; checkpoints in {folder}/last" + (" and best" if best is not None else "")
+    if stopped:
+        line += f"; continue with: spemusic train --resume {folder}"
+    err.print(line)
+
+
+def _train_printer(progress: Progress):
+    """train.TrainEvents that print: notes and warnings, the run's opening lines, its progress bar."""
+    from .checkpoint import run_checkpoint_used
+    from .train import TrainEvents
+
+    class TrainPrinter(TrainEvents):
+        def __init__(self, progress: Progress):
+            self.progress, self.task = progress, None
+
+        def note(self, text: str) -> None:
+            err.print(f"[yellow]note:[/] {escape(text)}", highlight=False)
+
+        def start(self, info: dict) -> None:
+            cfg, splits = info["config"], info["splits"]
+            start = f"fine-tuning {cfg.init_from}" if cfg.init_from else cfg.preset
+            which = run_checkpoint_used(cfg.init_from) if cfg.init_from else None
+            if which:
+                start += f" ({which})"
+            if info["step"]:
+                start = f"resuming {info['run_dir']} at step {info['step']:,} ({start})"
+            gated = " gated" if cfg.gated and cfg.pe in ("sinespe", "convspe") else ""
+            dtype = str(info["dtype"]).replace("torch.", "")
+            err.print(f"[bold]spemusic train[/]: {escape(start)} ({info['parameters'] / 1e6:.2f}M parameters), "
+                      f"pe={cfg.pe}{gated}, attention={cfg.attention}, seq-len {cfg.seq_len}, "
+                      f"{info['tokens_per_step']} tokens/step, {cfg.steps} steps, {info['device'].type} {dtype} "
+                      f"({info['dtype_reason']}), {info['processes']} process(es)")
+            err.print(f"data: {escape(str(info['data']))} — train {splits['train']['files']} files / "
+                      f"{splits['train']['tokens']:,} tokens, valid {splits['valid']['files']} files")
+            for warning in info["warnings"]:
+                err.print(f"[yellow]warning:[/] {escape(warning.spelled(_flag))}", highlight=False)
+            if info["uncompiled"]:
+                err.print(f"note: the step's compiled regions run uncompiled: {info['uncompiled']}", highlight=False)
+            self.task = self.progress.add_task("train", total=cfg.steps, completed=info["step"], loss="-", tps="-")
+
+        def step(self, step: int, loss: float) -> None:
+            self.progress.update(self.task, completed=step, loss=f"{loss:.3f}")
+
+        def log(self, record: dict, tokens_per_s: float) -> None:
+            self.progress.update(self.task, tps=f"{tokens_per_s:,.0f}")
+
+    return TrainPrinter(progress)
 
 
 def _read_toml(path: Path) -> dict:
@@ -815,6 +890,7 @@ def _generate_or_continue(model_name, prompt_path, prompt_bars, length, bars, nu
     import torch
 
     from .checkpoint import load_model
+    from .device import pick_device
     from .files import write_output
     from .generate import count_bars, load_prompt, merge_continuation, midi_bytes, output_paths
     from .tokenizer import REMITokenizer
@@ -831,10 +907,7 @@ def _generate_or_continue(model_name, prompt_path, prompt_bars, length, bars, nu
 
         seed = secrets.randbelow(2**31)
     _sampling_options({}, temperature, top_k, top_p, bar_top_p)  # refused before any work when out of range
-    if device not in ("cpu",) and not device.startswith("cuda"):
-        raise SpemusicError(f"--device must be cpu or cuda (got {device!r})")
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise SpemusicError("--device cuda: no CUDA GPU is available")
+    pick_device(device, auto=False)
     paths = output_paths(output, num, overwrite)
     if png:
         from .files import check_output_file
@@ -1272,7 +1345,8 @@ def main() -> None:
         err.print("interrupted")
         _exit_interrupted()
     except SpemusicError as e:
-        err.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False)
+        text = e.spelled(_flag) if isinstance(e, OptionError) else str(e)
+        err.print(f"[bold red]error:[/] {escape(text)}", highlight=False)
         sys.exit(1)
     except KeyboardInterrupt:
         err.print("interrupted")

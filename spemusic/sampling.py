@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from .device import cpu_has_fast_bf16
 from .errors import MidiError, SpemusicError
 from .grammar import BAR, NOTE_END, POSITION, PROGRAM, TIMESIG, GrammarState, REMIGrammar
 from .model import Performer
@@ -208,8 +209,6 @@ def auto_step_dtype(device, batch: int) -> torch.dtype:
     benchmarks/step_precision.py), or bf16 from batch 8 on a CPU with native bf16 (there its
     matrix products beat fp16's: 1,694–1,752 vs 1,511–1,524 tokens/s at batch 8 on this project's 2-core
     AVX512-BF16 machine; NLL within 1e-4 nats)."""
-    from .train import cpu_has_fast_bf16
-
     if torch.device(device).type == "cpu" and batch >= 8 and cpu_has_fast_bf16():
         return torch.bfloat16
     return torch.float16

@@ -1,5 +1,11 @@
-"""Training loop: AdamW + warmup/cosine, bf16 autocast where it pays, validation, atomic
-checkpoints, exact resume, and DistributedDataParallel when started by torchrun."""
+"""Training: AdamW + warmup/cosine, bf16 autocast where it pays, validation, atomic checkpoints,
+exact resume, and DistributedDataParallel when started by torchrun.
+
+`train` runs in steps, each a function here: `resolve_run` (the options, and every rule of
+resuming), `build_model` (fresh, fine-tuned or resumed), `build_optimizer_and_scheduler`,
+`restore_trainer_state` (the pair of `trainer_state`, which each checkpoint saves), and the loop
+(`_Loop`). It reports through a `TrainEvents` object, which the CLI turns into its output.
+Errors and warnings name options by parameter (`errors.OptionError`); the CLI spells them as flags."""
 
 from __future__ import annotations
 
@@ -8,8 +14,9 @@ import json
 import math
 import os
 import time
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -17,8 +24,9 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from . import checkpoint, compiled
-from .data import WindowSampler, fixed_windows, open_dataset, trained_vocabulary
-from .errors import SpemusicError
+from .data import TokenCache, WindowSampler, fixed_windows, open_dataset, trained_vocabulary
+from .device import pick_device, pick_dtype
+from .errors import OptionError, OptionWarning, SpemusicError
 from .files import check_output_folder, write_atomically
 from .memory import available_memory
 from .model import ABSOLUTE_PE_OPTIONS, PE_OPTIONS, ModelConfig, Performer
@@ -65,39 +73,41 @@ class TrainConfig:
                                  # fine-tuned model's; a fine-tuned model without one gets it, starting at zero)
 
     def check(self) -> None:
+        one_of = "{%s} must be one of {choices} (got {value!r})"
         if self.preset not in PRESETS and not self.init_from:  # a fine-tune records its model's size
-            raise SpemusicError(f"--preset must be one of {', '.join(PRESETS)} (got {self.preset!r})")
+            raise OptionError(one_of % "preset", choices=", ".join(PRESETS), value=self.preset)
         if self.pe not in PE_OPTIONS:
-            raise SpemusicError(f"--pe must be one of {', '.join(PE_OPTIONS)} (got {self.pe!r})")
+            raise OptionError(one_of % "pe", choices=", ".join(PE_OPTIONS), value=self.pe)
         if self.attention not in ("favor", "softmax"):
-            raise SpemusicError(f"--attention must be favor or softmax (got {self.attention!r})")
+            raise OptionError("{attention} must be favor or softmax (got {value!r})", value=self.attention)
         if self.precision not in ("auto", "fp32", "bf16"):
-            raise SpemusicError(f"--precision must be auto, fp32 or bf16 (got {self.precision!r})")
+            raise OptionError("{precision} must be auto, fp32 or bf16 (got {value!r})", value=self.precision)
         for name in ("seq_len", "batch_size", "grad_accum"):
             if getattr(self, name) < 1:
-                raise SpemusicError(f"--{name.replace('_', '-')} must be at least 1")
+                raise OptionError("{%s} must be at least 1" % name)
         if self.steps <= 0 and self.epochs <= 0:
-            raise SpemusicError("give --steps or --epochs (a positive number)")
+            raise OptionError("give {steps} or {epochs} (a positive number)")
         if self.steps > 0 and self.epochs > 0:
-            raise SpemusicError(f"give --steps or --epochs, not both (got {self.steps} steps and {self.epochs} epochs)")
+            raise OptionError("give {steps} or {epochs}, not both (got {n} steps and {e} epochs)", n=self.steps,
+                              e=self.epochs)
         for name in ("lr", "weight_decay", "epochs", "grad_clip"):
             if not math.isfinite(getattr(self, name)):
-                raise SpemusicError(f"--{name.replace('_', '-')} must be a finite number (got {getattr(self, name)})")
+                raise OptionError("{%s} must be a finite number (got {value})" % name, value=getattr(self, name))
         if self.lr <= 0:
-            raise SpemusicError("--lr must be positive")
+            raise OptionError("{lr} must be positive")
         for name in ("warmup", "feature_redraw", "transpose"):
             if getattr(self, name) < 0:
-                raise SpemusicError(f"--{name.replace('_', '-')} must be at least 0")
+                raise OptionError("{%s} must be at least 0" % name)
         for name in ("val_every", "save_every", "log_every"):
             if getattr(self, name) < 1:
-                raise SpemusicError(f"--{name.replace('_', '-')} must be at least 1")
+                raise OptionError("{%s} must be at least 1" % name)
         if self.weight_decay < 0:
-            raise SpemusicError("--weight-decay must be at least 0")
+            raise OptionError("{weight_decay} must be at least 0")
         if not -1 <= self.short_conv <= 64:
-            raise SpemusicError(f"--short-conv must be in 0 … 64 (got {self.short_conv})")
+            raise OptionError("{short_conv} must be in 0 … 64 (got {value})", value=self.short_conv)
         if self.pe in ABSOLUTE_PE_OPTIONS and self.max_len and self.seq_len > self.max_len and not self.init_from:
-            raise SpemusicError(f"--seq-len {self.seq_len} is past --max-len {self.max_len}, the positions of an "
-                                f"absolute PE ({self.pe}); SPE has no such limit")
+            raise OptionError("{seq_len} {n} is past {max_len} {limit}, the positions of an absolute PE ({kind}); "
+                              "SPE has no such limit", n=self.seq_len, limit=self.max_len, kind=self.pe)
 
     @classmethod
     def from_dict(cls, d: dict, source: str = "") -> "TrainConfig":
@@ -115,84 +125,16 @@ class TrainConfig:
         return cls(**d)
 
 
-# ----------------------------------------------------------------------------- hardware
-
-def pick_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise SpemusicError("--device cuda: no CUDA GPU is available")
-    if name not in ("cpu",) and not name.startswith("cuda"):
-        raise SpemusicError(f"--device must be auto, cpu or cuda (got {name!r})")
-    return torch.device(name)
-
-
-def cpu_has_fast_bf16() -> bool:
-    """AMX tiles or AVX512-BF16 instructions make bf16 autocast pay off on a CPU (measured on a
-    2-core AVX512-BF16 machine: small preset 2,640 vs 2,150 tokens/s, benchmarks/train_throughput.py)."""
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return "amx_bf16" in flags or "avx512_bf16" in flags
-
-
-def pick_dtype(precision: str, device: torch.device, model_cfg: ModelConfig | None = None,
-               batch: int = 1, seq_len: int = 1) -> tuple[torch.dtype, str]:
-    """(autocast dtype, why). `auto`: bf16 on GPUs that have it; on a CPU with bf16 instructions,
-    whichever of fp32 and bf16 trains this model config faster, measured (bf16 is not always
-    faster there: without AMX, small preset at seq-len 2,048, batch 2, 2 threads: bf16 1,421
-    tokens/s, fp32 2,017); else fp32."""
-    if precision == "fp32":
-        return torch.float32, "asked"
-    if precision == "bf16":
-        if device.type == "cuda" and not torch.cuda.is_bf16_supported():
-            raise SpemusicError("--precision bf16: this GPU does not support bfloat16")
-        return torch.bfloat16, "asked"
-    if device.type == "cuda":
-        ok = torch.cuda.is_bf16_supported()
-        return (torch.bfloat16, "auto: GPU") if ok else (torch.float32, "auto: this GPU has no bf16")
-    if not cpu_has_fast_bf16() or model_cfg is None:
-        return torch.float32, "auto: no bf16 instructions"
-    speed = measure_precisions(model_cfg, batch, seq_len, device)
-    dtype = torch.bfloat16 if speed["bf16"] > speed["fp32"] else torch.float32
-    return dtype, f"auto: measured fp32 {speed['fp32']:,.0f} vs bf16 {speed['bf16']:,.0f} tokens/s"
-
-
-def measure_precisions(model_cfg: ModelConfig, batch: int, seq_len: int, device: torch.device,
-                       steps: int = 2) -> dict[str, float]:
-    """Forward+backward tokens/s of a fresh model of this config in fp32 and bf16 autocast, on
-    random tokens (a warm-up pass, then `steps` timed). The global RNG is left as it was, so a run
-    draws the same SPE codes whether or not it measured."""
-    rng = torch.get_rng_state()
-    model = Performer(model_cfg).to(device).train()
-    ids = torch.randint(0, model_cfg.vocab_size, (batch, seq_len), device=device)
-    speed = {}
-    try:
-        for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
-            for i in range(steps + 1):
-                if i == 1:
-                    t0 = time.perf_counter()
-                with torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32):
-                    model(ids).float().logsumexp(-1).mean().backward()
-            speed[name] = batch * seq_len * steps / (time.perf_counter() - t0)
-    finally:
-        torch.set_rng_state(rng)
-    return speed
-
-
 # ----------------------------------------------------------------------------- schedule
 
 def with_short_conv(model: Performer, k: int) -> Performer:
     """The same model with a short convolution of `k` tokens: added at zero, or widened from a
     shorter one with its farther taps at zero. It computes the same function until training moves
     the new weights."""
-    from dataclasses import replace
-
     k0 = model.cfg.short_conv
     if k < k0:
-        raise SpemusicError(f"the model has a short convolution of {k0} tokens; --short-conv {k} cannot "
-                            f"shorten it (it can only widen it)")
+        raise OptionError("the model has a short convolution of {k0} tokens; {short_conv} {k} cannot shorten it "
+                          "(it can only widen it)", k0=k0, k=k)
     with torch.random.fork_rng(devices=[]):  # the run draws the same SPE codes as without it
         new = Performer(replace(model.cfg, short_conv=k)).to(model.device)
     state = {n: v for n, v in model.state_dict().items() if not n.endswith(".shift")}
@@ -266,7 +208,7 @@ def _barrier(world: int) -> None:
         dist.barrier()
 
 
-# ----------------------------------------------------------------------------- training
+# ----------------------------------------------------------------------------- run folder
 
 class Logger:
     """metrics.jsonl (one JSON object per log step) on rank 0."""
@@ -280,18 +222,18 @@ class Logger:
                 f.write(json.dumps(record) + "\n")
 
 
-def _warnings(cfg: TrainConfig, cache, has_valid: bool) -> list[str]:
+def _warnings(cfg: TrainConfig, cache, has_valid: bool) -> list[OptionWarning]:
     """Options that run but are probably not what the user meant."""
     out = []
     if cfg.warmup >= cfg.steps:
-        out.append(f"--warmup {cfg.warmup} is not shorter than the run ({cfg.steps} steps): the learning rate "
-                   f"never reaches --lr {cfg.lr:g}")
+        out.append(OptionWarning("{warmup} {n} is not shorter than the run ({total} steps): the learning rate "
+                                 "never reaches {lr} {rate:g}", n=cfg.warmup, total=cfg.steps, rate=cfg.lr))
     longest = max(f["length"] for f in cache.files("train"))
     if cfg.seq_len > longest:
-        out.append(f"--seq-len {cfg.seq_len} is longer than every training piece (longest {longest:,} tokens): "
-                   "windows are partly padding, which tokens/s counts")
+        out.append(OptionWarning("{seq_len} {n} is longer than every training piece (longest {longest:,} tokens): "
+                                 "windows are partly padding, which tokens/s counts", n=cfg.seq_len, longest=longest))
     if not has_valid:
-        out.append("no valid split in the data: no validation loss and no `best` checkpoint")
+        out.append(OptionWarning("no valid split in the data: no validation loss and no `best` checkpoint"))
     return out
 
 
@@ -311,17 +253,16 @@ def check_memory(cfg: ModelConfig, micro_batch: int, seq_len: int, checkpoint_ac
     need = micro_batch * seq_len * activation_bytes_per_token(cfg, checkpoint_activations) + valid_windows * seq_len * 8
     free = available_memory(device)
     if free is not None and need > free:
-        raise SpemusicError(f"a micro-batch of {micro_batch:,} x {seq_len:,} tokens would need ~{need / 2**30:,.1f} GB; "
-                            f"{free / 2**30:,.1f} GB are free: lower --batch-size or --seq-len (--grad-accum keeps "
-                            "the tokens per step), or add --checkpoint-activations")
+        raise OptionError("a micro-batch of {micro:,} x {length:,} tokens would need ~{need:,.1f} GB; {free:,.1f} GB "
+                          "are free: lower {batch_size} or {seq_len} ({grad_accum} keeps the tokens per step), or add "
+                          "{checkpoint_activations}", micro=micro_batch, length=seq_len, need=need / 2**30,
+                          free=free / 2**30)
 
 
 def lock_run_folder(run_dir: Path):
     """One writer per run folder: an exclusive flock on RUN/.lock, released when the process ends
     however it ends (two writers would interleave metrics.jsonl and overwrite each other's
     checkpoints). Returns the open lock file, to keep for the run."""
-    import os
-
     try:
         import fcntl
     except ImportError:  # not on POSIX: no lock
@@ -334,8 +275,8 @@ def lock_run_folder(run_dir: Path):
         fh.seek(0)
         holder = fh.read().decode(errors="replace").strip() or "another process"
         fh.close()
-        raise SpemusicError(f"{run_dir}: another spemusic train ({holder}) is writing this run; stop it first, "
-                            "or give another -o") from None
+        raise OptionError("{folder}: another spemusic train ({holder}) is writing this run; stop it first, or give "
+                          "another {run_dir}", folder=run_dir, holder=holder) from None
     try:
         fh.truncate(0)
         fh.write(f"pid {os.getpid()}".encode())
@@ -375,53 +316,89 @@ def _record_step(line: str) -> int | None:
     return step if isinstance(step, int) and not isinstance(step, bool) else None
 
 
-def train(cfg: TrainConfig, run_dir: Path, resume: bool = False, stop_after: int | None = None,
-          console=None, show_progress: bool = True) -> dict:
-    """Train (or resume) a model into `run_dir`. Returns a summary dict."""
-    from rich.console import Console
 
-    console = console or Console(stderr=True)
+
+# ----------------------------------------------------------------------------- resolving the run
+
+@dataclass
+class Run:
+    """A run resolved: the options it trains with and its folder; a resumed run also its record."""
+    cfg: TrainConfig
+    run_dir: Path
+    record: dict | None = None  # RUN/run.json of a resumed run
+    lock: Any = None            # the folder's lock (lock_run_folder), held while the run trains
+
+    @property
+    def resumed(self) -> bool:
+        return self.record is not None
+
+    @property
+    def last(self) -> Path:
+        """The checkpoint a resumed run continues from."""
+        return (self.run_dir / "last").resolve()
+
+
+def resolve_run(cfg: TrainConfig | dict, run_dir: str | Path, resume: bool = False, is_main: bool = True,
+                events: "TrainEvents | None" = None) -> Run:
+    """The run `train` trains, with every rule of resuming. A fresh run takes `cfg` and a folder
+    that holds no run. A resumed run keeps the options of its record: `cfg` holds the options given
+    again, of which only `steps` applies (to grow the run). On the main process, a resumed run's
+    folder is locked here; a fresh run's only once it starts writing (see `_start_run_folder`)."""
     run_dir = Path(run_dir)
-    rank, world, local_rank = dist_info()
-    is_main = rank == 0
-
     if resume:
-        run_file = run_dir / "run.json"
-        if not run_file.is_file():
-            raise SpemusicError(f"{run_dir}: nothing to resume (not a training run: no run.json)")
-        lock = lock_run_folder(run_dir) if is_main else None  # noqa: F841  (held until train returns)
-        if not (run_dir / "last").exists():
-            found = checkpoint.relink_last(run_dir) if is_main else None
-            if found is None and not checkpoint.complete_checkpoints(run_dir):
-                raise SpemusicError(f"{run_dir}: nothing to resume (the run stopped before its first checkpoint); "
-                                    "start it again: train … -o with the same folder")
-            if found is not None:
-                console.print(f"[yellow]note:[/] {run_dir}: `last` was missing; resuming from the newest complete "
-                              f"checkpoint, {found.relative_to(run_dir)}", highlight=False)
-        saved_run = read_run_record(run_file)
-        saved = TrainConfig.from_dict(saved_run["train"], source=str(run_file))
-        cache = saved_run.get("data_cache")
-        if cache and not Path(saved.data).exists() and Path(cache).is_dir():
-            saved.data = cache  # a run recorded with a relative DATA, resumed elsewhere
-        # options given again on resume may only extend the run, not change the model or data
-        if cfg.steps and cfg.steps < saved.steps:
-            raise SpemusicError(f"--steps {cfg.steps} is below the run's {saved.steps} steps: a resumed run can only "
-                                "grow (stop it earlier with --stop-after)")
-        saved.steps = cfg.steps or saved.steps
-        saved.epochs = 0.0  # a run started with --epochs recorded the steps they came to
-        cfg = saved
+        return _resolve_resumed(cfg, run_dir, is_main, events or TrainEvents())
+    cfg = replace(cfg) if isinstance(cfg, TrainConfig) else TrainConfig.from_dict(cfg)
     cfg.check()
-    if not resume:
-        cfg.data = str(Path(cfg.data).resolve())  # the run's record must hold from any working folder
-        cfg.beats, cfg.chords = (str(Path(p).resolve()) if p else "" for p in (cfg.beats, cfg.chords))
-        check_output_folder(run_dir)
-        if (run_dir / "last").exists():
-            raise SpemusicError(f"{run_dir}: already holds a training run; use --resume {run_dir} or another -o")
-        kept = checkpoint.complete_checkpoints(run_dir)
-        if kept:  # a run whose links were lost: starting afresh would delete them
-            raise SpemusicError(f"{run_dir}: holds {len(kept)} complete checkpoint(s) ({kept[-1].relative_to(run_dir)} "
-                                f"the newest); use --resume {run_dir} or another -o")
+    cfg.data = str(Path(cfg.data).resolve())  # the run's record must hold from any working folder
+    cfg.beats, cfg.chords = (str(Path(p).resolve()) if p else "" for p in (cfg.beats, cfg.chords))
+    check_output_folder(run_dir)
+    if (run_dir / "last").exists():
+        raise OptionError("{folder}: already holds a training run; use {resume} {folder} or another {run_dir}",
+                          folder=run_dir)
+    kept = checkpoint.complete_checkpoints(run_dir)
+    if kept:  # a run whose links were lost: starting afresh would delete them
+        raise OptionError("{folder}: holds {n} complete checkpoint(s) ({newest} the newest); use {resume} {folder} "
+                          "or another {run_dir}", folder=run_dir, n=len(kept), newest=kept[-1].relative_to(run_dir))
+    return Run(cfg, run_dir)
 
+
+def _resolve_resumed(given: TrainConfig | dict, run_dir: Path, is_main: bool, events: "TrainEvents") -> Run:
+    if isinstance(given, TrainConfig):  # the options set, as a dict of those given would hold
+        given = {f.name: getattr(given, f.name) for f in fields(given) if getattr(given, f.name) != f.default}
+    ignored = [name for name in given if name != "steps"]
+    if ignored:
+        raise OptionError("{resume} continues {folder} with its own options; drop "
+                          + ", ".join("{%s}" % name for name in ignored) + " (only {steps} and {stop_after} apply)",
+                          folder=run_dir)
+    run_file = run_dir / "run.json"
+    if not run_file.is_file():
+        raise SpemusicError(f"{run_dir}: nothing to resume (not a training run: no run.json)")
+    lock = lock_run_folder(run_dir) if is_main else None
+    if not (run_dir / "last").exists():
+        found = checkpoint.relink_last(run_dir) if is_main else None
+        if found is None and not checkpoint.complete_checkpoints(run_dir):
+            raise OptionError("{folder}: nothing to resume (the run stopped before its first checkpoint); start it "
+                              "again: train … {run_dir} with the same folder", folder=run_dir)
+        if found is not None:
+            events.note(f"{run_dir}: `last` was missing; resuming from the newest complete checkpoint, "
+                        f"{found.relative_to(run_dir)}")
+    record = read_run_record(run_file)
+    cfg = TrainConfig.from_dict(record["train"], source=str(run_file))
+    cache = record.get("data_cache")
+    if cache and not Path(cfg.data).exists() and Path(cache).is_dir():
+        cfg.data = cache  # a run recorded with a relative DATA, resumed elsewhere
+    steps = given.get("steps", 0)
+    if steps and steps < cfg.steps:
+        raise OptionError("{steps} {n} is below the run's {total} steps: a resumed run can only grow (stop it "
+                          "earlier with {stop_after})", n=steps, total=cfg.steps)
+    cfg.steps = steps or cfg.steps
+    cfg.epochs = 0.0  # a run started with epochs recorded the steps they came to
+    cfg.check()
+    return Run(cfg, run_dir, record, lock)
+
+
+def setup_device(cfg: TrainConfig, world: int, local_rank: int) -> torch.device:
+    """The run's device; under torchrun, this process's GPU and the process group."""
     device = pick_device(cfg.device)
     if world > 1:
         if device.type == "cuda":
@@ -430,115 +407,371 @@ def train(cfg: TrainConfig, run_dir: Path, resume: bool = False, stop_after: int
         if not dist.is_initialized():
             dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
         if cfg.batch_size % world:
-            raise SpemusicError(f"--batch-size {cfg.batch_size} must be divisible by the {world} processes")
+            raise OptionError("{batch_size} {n} must be divisible by the {world} processes", n=cfg.batch_size,
+                              world=world)
+    return device
 
-    # fine-tuning takes the model config, weights and tokenizer of the starting model
-    base_model = None
-    if resume:  # the run's own record: also right for fine-tuning runs (checked by read_run_record)
-        tok_cfg = TokenizerConfig.from_dict(saved_run["tokenizer"])
-    elif cfg.init_from:
-        base_model, base_tokenizer = checkpoint.load_model(cfg.init_from)
-        tok_cfg = base_tokenizer.config
-    else:
-        tok_cfg = TokenizerConfig(chords=bool(cfg.chords))
-    annotations = dict(beats_dir=Path(cfg.beats) if cfg.beats else None, chords_dir=Path(cfg.chords) if cfg.chords else None)
-    # data: rank 0 prepares the cache if needed, the others then read it
+
+def _starting_point(run: Run) -> tuple[TokenizerConfig, Performer | None]:
+    """The tokenizer config the data is read with, and the model a fine-tune starts from (its
+    config, weights and tokenizer)."""
+    if run.resumed:  # the run's own record: also right for fine-tuning runs (checked by read_run_record)
+        return TokenizerConfig.from_dict(run.record["tokenizer"]), None
+    if run.cfg.init_from:
+        base_model, base_tokenizer = checkpoint.load_model(run.cfg.init_from)
+        return base_tokenizer.config, base_model
+    return TokenizerConfig(chords=bool(run.cfg.chords)), None
+
+
+def _open_cache(cfg: TrainConfig, tok_cfg: TokenizerConfig, world: int, is_main: bool) -> TokenCache:
+    """The run's token cache: rank 0 prepares it if needed, the others then read it."""
+    annotations = dict(beats_dir=Path(cfg.beats) if cfg.beats else None,
+                       chords_dir=Path(cfg.chords) if cfg.chords else None)
     if is_main:
         cache = open_dataset(Path(cfg.data), tok_cfg, **annotations)
     _barrier(world)
     if not is_main:
         cache = open_dataset(Path(cfg.data), tok_cfg, **annotations)
-    tokenizer = cache.tokenizer
-    tok_cfg = tokenizer.config
-    planned = (ModelConfig.from_dict(saved_run["model"]) if resume else base_model.cfg if base_model is not None
-               else ModelConfig.preset(cfg.preset, vocab_size=len(tokenizer)))
+    return cache
+
+
+# ----------------------------------------------------------------------------- the model
+
+def model_config(run: Run, base_model: Performer | None, vocab_size: int) -> ModelConfig:
+    """The config of the model a run trains: its record's when resumed; a fine-tune's starting
+    model's, widened to `short_conv`; else the preset with the run's options. A fine-tune's
+    options take the model's pe, gated, attention, max_len and preset here, for its record."""
+    cfg = run.cfg
+    if run.resumed:
+        return ModelConfig.from_dict(run.record["model"])
+    if base_model is None:
+        extra = {"short_conv": cfg.short_conv} if cfg.short_conv >= 0 else {}
+        return ModelConfig.preset(cfg.preset, vocab_size=vocab_size, pe=cfg.pe, gated=cfg.gated,
+                                  attention=cfg.attention, max_len=cfg.max_len or max(cfg.seq_len, 2048), **extra)
+    model_cfg = base_model.cfg
+    if cfg.short_conv >= 0 and cfg.short_conv != model_cfg.short_conv:
+        if cfg.short_conv < model_cfg.short_conv:
+            raise OptionError("{model} has a short convolution of {k0} tokens; {short_conv} {k} cannot shorten it "
+                              "(it can only widen it)", model=cfg.init_from, k0=model_cfg.short_conv, k=cfg.short_conv)
+        model_cfg = replace(model_cfg, short_conv=cfg.short_conv)
+    if model_cfg.has_absolute_pe and cfg.seq_len > model_cfg.max_len:
+        raise OptionError("{seq_len} {n} is past {model}'s absolute positions ({limit}); SPE models have no such "
+                          "limit", n=cfg.seq_len, model=cfg.init_from, limit=model_cfg.max_len)
+    cfg.pe, cfg.gated, cfg.attention = model_cfg.pe, model_cfg.gated, model_cfg.attention
+    cfg.max_len = model_cfg.max_len
+    size = lambda c: (c.n_layers, c.d_model, c.n_heads, c.d_ff)  # noqa: E731
+    cfg.preset = next((n for n in PRESETS if size(ModelConfig.preset(n, vocab_size=1)) == size(model_cfg)), "custom")
+    return model_cfg
+
+
+def build_model(run: Run, model_cfg: ModelConfig, base_model: Performer | None, device: torch.device) -> Performer:
+    """The model of `model_cfg` as the run starts it: fresh (from the run's seed), the fine-tuned
+    model (widened by `with_short_conv`), or with the weights of the resumed run's `last`."""
+    torch.manual_seed(run.cfg.seed)
+    if base_model is not None:
+        model = base_model.to(device)
+        if model_cfg.short_conv != model.cfg.short_conv:
+            model = with_short_conv(model, model_cfg.short_conv)
+    else:
+        model = Performer(model_cfg).to(device)
+    if run.resumed:
+        import safetensors.torch
+
+        weights = run.last / checkpoint.WEIGHTS
+        try:
+            safetensors.torch.load_model(model, str(weights), strict=False, device=str(device))
+        except Exception as e:  # noqa: BLE001 - wrong shapes, a truncated or foreign file
+            raise SpemusicError(f"{weights}: weights do not fit the run's model "
+                                f"({checkpoint.first_problem(e)})") from None
+    model.checkpoint_activations = run.cfg.checkpoint_activations
+    return model
+
+
+def autocast_dtype(cfg: TrainConfig, device: torch.device, model_cfg: ModelConfig,
+                   world: int) -> tuple[torch.dtype, str]:
+    """pick_dtype for the run's micro-batch; under torchrun every process takes rank 0's choice."""
+    dtype, reason = pick_dtype(cfg.precision, device, model_cfg, cfg.batch_size // world, cfg.seq_len)
+    if world > 1 and reason.startswith("auto: measured"):
+        choice = torch.tensor([dtype == torch.bfloat16], dtype=torch.int64)
+        dist.broadcast(choice, 0)
+        dtype = torch.bfloat16 if int(choice) else torch.float32
+    return dtype, reason
+
+
+def build_optimizer_and_scheduler(model: Performer, cfg: TrainConfig, device: torch.device):
+    """AdamW (build_optimizer) and its warmup/cosine schedule over the run's steps."""
+    optimizer = build_optimizer(model, cfg.lr, cfg.weight_decay, device)
+    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg.warmup, cfg.steps))
+
+
+# ----------------------------------------------------------------------------- trainer state
+
+@dataclass
+class RunState:
+    """Where a run stands: saved in each checkpoint's trainer state, restored on resume."""
+    rng: np.random.Generator    # draws the training windows
+    step: int = 0
+    best_valid: float = math.inf
+    tokens: int = 0
+    elapsed_before: float = 0.0  # seconds trained by the processes before this one
+
+
+def trainer_state(state: RunState, optimizer, scheduler, device: torch.device, elapsed: float) -> dict:
+    """A checkpoint's trainer.pt: what resuming needs besides the weights (read back by
+    restore_trainer_state, just below; checkpoint.TRAINER_KEYS lists what it requires)."""
+    saved = {
+        "format": checkpoint.FORMAT, "step": state.step, "best_valid": state.best_valid, "tokens": state.tokens,
+        "elapsed": elapsed, "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+        "sampler_rng": json.dumps(state.rng.bit_generator.state), "torch_rng": torch.get_rng_state(),
+    }
+    if device.type == "cuda":
+        saved["cuda_rng"] = torch.cuda.get_rng_state(device)
+    return saved
+
+
+def restore_trainer_state(run: Run, state: RunState, optimizer, scheduler, device: torch.device) -> None:
+    """The trainer state of the resumed run's `last`, into `state`, the optimizer, the schedule and
+    the random generators, so that the run goes on exactly as if it had not stopped."""
+    last, cfg = run.last, run.cfg
+    saved = checkpoint.load_trainer_state(last)
+    try:
+        optimizer.load_state_dict(saved["optimizer"])
+        scheduler.load_state_dict(saved["scheduler"])
+    except (ValueError, KeyError, TypeError, RuntimeError) as e:
+        raise SpemusicError(f"{last / checkpoint.TRAINER}: optimizer state does not fit the run's model "
+                            f"({checkpoint.first_problem(e)})") from None
+    # the schedule over this run's steps, which a resume may have grown
+    scheduler.lr_lambdas = [lr_lambda(cfg.warmup, cfg.steps)] * len(optimizer.param_groups)
+    state.rng.bit_generator.state = json.loads(saved["sampler_rng"])
+    torch.set_rng_state(saved["torch_rng"])
+    if device.type == "cuda" and "cuda_rng" in saved:
+        torch.cuda.set_rng_state(saved["cuda_rng"], device)
+    state.step, state.best_valid = int(saved["step"]), float(saved["best_valid"])
+    if state.step >= cfg.steps:
+        raise OptionError("{folder}: already trained for its {n} steps; give a larger {steps} to train further",
+                          folder=run.run_dir, n=cfg.steps)
+    state.tokens, state.elapsed_before = int(saved["tokens"]), float(saved["elapsed"])
+
+
+def _drop_records_after(run_dir: Path, step: int, events: "TrainEvents") -> None:
+    """metrics.jsonl without the records written after the checkpoint (by the run that stopped):
+    they are written again."""
+    metrics = run_dir / "metrics.jsonl"
+    if metrics.is_file():
+        lines = [line for line in metrics.read_text(errors="replace").splitlines() if line.strip()]
+        kept = [line for line in lines if (_record_step(line) or step + 1) <= step]
+        unreadable = sum(_record_step(line) is None for line in lines)
+        if unreadable:
+            events.note(f"{metrics}: dropped {unreadable} unreadable line(s)")
+        metrics.write_text("".join(line + "\n" for line in kept))
+
+
+def _start_run_folder(run: Run, model_cfg: ModelConfig, cache: TokenCache, world: int):
+    """Lock a fresh run's folder and write its record; returns the lock."""
+    lock = lock_run_folder(run.run_dir)
+    (run.run_dir / "metrics.jsonl").unlink(missing_ok=True)
+    write_atomically(json.dumps(  # never a half-written record on a full disk
+        {"train": asdict(run.cfg), "model": model_cfg.to_dict(), "tokenizer": cache.tokenizer.config.to_dict(),
+         "data_cache": str(cache.path), "world_size": world}, indent=2).encode(), run.run_dir / "run.json")
+    return lock
+
+
+# ----------------------------------------------------------------------------- the loop
+
+class TrainEvents:
+    """What `train` reports as it goes, on the main process only. Each method does nothing here:
+    subclass it to show the run (the CLI prints these as its output)."""
+
+    def note(self, text: str) -> None:
+        """Something the run did that the user should know (a repaired run folder)."""
+
+    def start(self, info: dict) -> None:
+        """Before the first step. `info`: config (the TrainConfig resolved), run_dir, step (where a
+        resumed run starts), parameters, tokens_per_step, device, dtype, dtype_reason, processes,
+        data (the cache folder), splits (its files and tokens per split), warnings (OptionWarning
+        list) and uncompiled (why the step's compiled regions run uncompiled, or None)."""
+
+    def step(self, step: int, loss: float) -> None:
+        """After each optimizer step: the steps done, and its loss."""
+
+    def log(self, record: dict, tokens_per_s: float) -> None:
+        """Each record written to metrics.jsonl (train loss, lr, tokens/s, valid loss)."""
+
+
+@dataclass
+class _Loop:
+    """The training loop: optimizer steps, logs and validation, checkpoints."""
+    run: Run
+    model: Performer
+    train_model: torch.nn.Module  # what the step calls: the model, wrapped by DDP and/or compiled
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    cache: TokenCache
+    sampler: WindowSampler
+    valid: np.ndarray | None
+    device: torch.device
+    dtype: torch.dtype
+    state: RunState
+    events: TrainEvents
+    rank: int = 0
+    world: int = 1
+    logger: Logger = field(init=False)
+    # the current log window, and what the last log and validation said
+    window_loss: float = 0.0
+    window_count: int = 0
+    window_tokens: int = 0
+    last_train_loss: float | None = None
+    last_window: int = 0
+    last_valid: float | None = None
+
+    def __post_init__(self):
+        self.cfg = self.run.cfg
+        self.is_main = self.rank == 0
+        self.logger = Logger(self.run.run_dir / "metrics.jsonl" if self.is_main else None)
+        self.tokens_per_step = self.cfg.batch_size * self.cfg.grad_accum * self.cfg.seq_len
+        self.pad_id = self.cache.tokenizer.pad_id
+        self.n_params = self.model.num_parameters()
+        self.trained_tokens = trained_vocabulary(self.cache, self.cfg.transpose)
+
+    def run_until(self, end_step: int) -> dict:
+        """Train up to `end_step`; returns the summary `train` returns."""
+        cfg, state = self.cfg, self.state
+        initial_loss = None
+        self.t_start = self.t_window = time.perf_counter()
+        self.model.train()
+        while state.step < end_step:
+            loss = self._optimizer_step()
+            if initial_loss is None:
+                initial_loss = loss
+            self.window_loss += loss
+            self.window_count += 1
+            self.window_tokens += self.tokens_per_step
+            self.events.step(state.step, loss)
+            do_val = self.valid is not None and (state.step % cfg.val_every == 0 or state.step == cfg.steps)
+            if state.step % cfg.log_every == 0 or do_val or state.step == end_step:
+                self._log(do_val)
+            if self.is_main:
+                self._checkpoint(do_val, end_step)
+            _barrier(self.world)
+        best = state.best_valid if math.isfinite(state.best_valid) else None
+        return {"steps": state.step, "total_steps": cfg.steps, "tokens": state.tokens, "initial_loss": initial_loss,
+                "train_loss": self.last_train_loss, "train_loss_steps": self.last_window,
+                "valid_loss": self.last_valid, "best_valid_loss": best,
+                "wall_seconds": time.perf_counter() - self.t_start, "run_dir": str(self.run.run_dir)}
+
+    def _optimizer_step(self) -> float:
+        """One optimizer step over grad_accum micro-batches; returns its loss."""
+        cfg, state, model = self.cfg, self.state, self.model
+        if cfg.feature_redraw and state.step % cfg.feature_redraw == 0 and state.step > 0:
+            # same generator on every rank: features stay identical across processes
+            model.redraw_features(torch.Generator().manual_seed(cfg.seed * 1_000_003 + state.step))
+        self.optimizer.zero_grad(set_to_none=True)
+        micro = cfg.batch_size // self.world
+        step_loss = 0.0
+        for micro_step in range(cfg.grad_accum):
+            batch = self.sampler.sample(state.rng, cfg.batch_size, augment=cfg.transpose > 0)
+            batch = torch.from_numpy(batch[self.rank * micro:(self.rank + 1) * micro]).to(self.device)
+            sync = micro_step == cfg.grad_accum - 1
+            ctx = self.train_model.no_sync() if (self.world > 1 and not sync) else contextlib.nullcontext()
+            with ctx, torch.autocast(self.device.type, dtype=self.dtype, enabled=self.dtype != torch.float32):
+                loss, _ = lm_loss(self.train_model, batch, self.pad_id)
+                (loss / cfg.grad_accum).backward()
+            step_loss += loss.item() / cfg.grad_accum
+        if not math.isfinite(step_loss):
+            raise OptionError("training diverged at step {n} (loss {loss}); try a lower {lr}", n=state.step,
+                              loss=step_loss)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        self.optimizer.step()
+        self.scheduler.step()
+        state.step += 1
+        state.tokens += self.tokens_per_step
+        return step_loss
+
+    def _log(self, do_val: bool) -> None:
+        """A metrics.jsonl record of the window's mean loss (over all processes), validated when due."""
+        if self.world > 1:
+            t = torch.tensor([self.window_loss], dtype=torch.float64, device=self.device)
+            dist.all_reduce(t)
+            self.window_loss = float(t) / self.world
+        tps = self.window_tokens / max(time.perf_counter() - self.t_window, 1e-9)
+        self.last_train_loss, self.last_window = self.window_loss / self.window_count, self.window_count
+        record = {"step": self.state.step, "train_loss": round(self.last_train_loss, 5),
+                  "lr": float(f"{self.scheduler.get_last_lr()[0]:.6g}"), "tokens_per_s": round(tps, 1),
+                  "tokens": self.state.tokens}
+        if do_val:
+            self.last_valid = evaluate_windows(self.model, self.valid, self.pad_id, self.device, self.dtype)
+            record["valid_loss"] = round(self.last_valid, 5)
+        self.logger.log(record)
+        self.events.log(record, tps)
+        self.window_loss, self.window_count, self.window_tokens = 0.0, 0, 0
+        self.t_window = time.perf_counter()
+
+    def _checkpoint(self, do_val: bool, end_step: int) -> None:
+        """Save `best` on a better validation loss, `last` every save_every steps and at the end."""
+        state, names = self.state, []
+        if do_val and self.last_valid is not None and self.last_valid < state.best_valid:
+            state.best_valid = self.last_valid
+            names.append("best")
+        if state.step % self.cfg.save_every == 0 or state.step == end_step:
+            names.append("last")
+        if names:
+            self._save(names)
+
+    def _save(self, names: list[str]) -> None:
+        state, cfg = self.state, self.cfg
+        if not all(torch.isfinite(p).all() for p in self.model.parameters()):  # never saved as best or last
+            raise OptionError("training diverged at step {n} (weights not finite); try a lower {lr}", n=state.step)
+        info = {"step": state.step, "tokens": state.tokens, "train_loss": self.last_train_loss,
+                "valid_loss": self.last_valid,
+                "best_valid_loss": state.best_valid if math.isfinite(state.best_valid) else None,
+                "seq_len": cfg.seq_len, "data": str(cfg.data), "preset": cfg.preset,
+                "parameters": self.n_params, "trained_tokens": self.trained_tokens}
+        elapsed = state.elapsed_before + (time.perf_counter() - self.t_start)
+        checkpoint.save_run_checkpoint(self.run.run_dir, names, state.step, self.model, self.cache.tokenizer.config,
+                                       info, trainer_state(state, self.optimizer, self.scheduler, self.device, elapsed))
+
+
+# ----------------------------------------------------------------------------- train
+
+def train(cfg: TrainConfig | dict, run_dir: str | Path, *, resume: bool = False, stop_after: int | None = None,
+          events: TrainEvents | None = None) -> dict:
+    """Train a model into `run_dir` with the options of `cfg` (a TrainConfig, or a dict of its
+    fields), or with `resume`, continue the run there (`cfg` then holds the options given again:
+    only `steps`, to grow the run). `stop_after`: stop after this many steps of this call.
+    `events` receives the run's progress on the main process. Returns a summary: steps,
+    total_steps, tokens, initial_loss, train_loss (the mean of the last train_loss_steps steps),
+    valid_loss, best_valid_loss, wall_seconds, run_dir."""
+    rank, world, local_rank = dist_info()
+    is_main = rank == 0
+    events = events if events is not None and is_main else TrainEvents()
+    run = resolve_run(cfg, run_dir, resume, is_main, events)
+    cfg = run.cfg
+    device = setup_device(cfg, world, local_rank)
+    tok_cfg, base_model = _starting_point(run)
+    cache = _open_cache(cfg, tok_cfg, world, is_main)
+    # the model's size, before its options are checked: a step that cannot fit is said first
+    planned = (ModelConfig.from_dict(run.record["model"]) if run.resumed else base_model.cfg if base_model is not None
+               else ModelConfig.preset(cfg.preset, vocab_size=len(cache.tokenizer)))
     check_memory(planned, max(cfg.batch_size // world, 1), cfg.seq_len, cfg.checkpoint_activations, device,
                  cfg.valid_windows)
     sampler = WindowSampler(cache, "train", cfg.seq_len, cfg.transpose)
     has_valid = bool(cache.files("valid"))
     valid = fixed_windows(cache, "valid", cfg.seq_len, cfg.valid_windows) if has_valid else None
-
     tokens_per_step = cfg.batch_size * cfg.grad_accum * cfg.seq_len
-    if cfg.steps <= 0:
-        train_tokens = cache.index["splits"]["train"]["tokens"]
-        cfg.steps = max(1, math.ceil(cfg.epochs * train_tokens / tokens_per_step))
+    if cfg.steps <= 0:  # planned in epochs
+        cfg.steps = max(1, math.ceil(cfg.epochs * cache.index["splits"]["train"]["tokens"] / tokens_per_step))
 
-    torch.manual_seed(cfg.seed)
-    if resume:
-        model_cfg = ModelConfig.from_dict(saved_run["model"])
-        model = Performer(model_cfg).to(device)
-    elif base_model is not None:
-        model, model_cfg = base_model.to(device), base_model.cfg
-        if cfg.short_conv >= 0 and cfg.short_conv != model_cfg.short_conv:
-            if cfg.short_conv < model_cfg.short_conv:
-                raise SpemusicError(f"{cfg.init_from} has a short convolution of {model_cfg.short_conv} tokens; "
-                                    f"--short-conv {cfg.short_conv} cannot shorten it (it can only widen it)")
-            model = with_short_conv(model, cfg.short_conv)
-            model_cfg = model.cfg
-        if model_cfg.has_absolute_pe and cfg.seq_len > model_cfg.max_len:
-            raise SpemusicError(f"--seq-len {cfg.seq_len} is past {cfg.init_from}'s absolute positions "
-                                f"({model_cfg.max_len}); SPE models have no such limit")
-        cfg.pe, cfg.gated, cfg.attention, cfg.max_len = model_cfg.pe, model_cfg.gated, model_cfg.attention, model_cfg.max_len
-        size = lambda c: (c.n_layers, c.d_model, c.n_heads, c.d_ff)  # noqa: E731
-        cfg.preset = next((n for n in PRESETS if size(ModelConfig.preset(n, vocab_size=1)) == size(model_cfg)), "custom")
-    else:
-        extra = {"short_conv": cfg.short_conv} if cfg.short_conv >= 0 else {}
-        model_cfg = ModelConfig.preset(cfg.preset, vocab_size=len(tokenizer), pe=cfg.pe, gated=cfg.gated,
-                                       attention=cfg.attention, max_len=cfg.max_len or max(cfg.seq_len, 2048), **extra)
-        model = Performer(model_cfg).to(device)
-    model.checkpoint_activations = cfg.checkpoint_activations
-    micro = cfg.batch_size // world
-    dtype, dtype_reason = pick_dtype(cfg.precision, device, model_cfg, micro, cfg.seq_len)
-    if world > 1 and dtype_reason.startswith("auto: measured"):  # every process trains in rank 0's choice
-        choice = torch.tensor([dtype == torch.bfloat16], dtype=torch.int64)
-        dist.broadcast(choice, 0)
-        dtype = torch.bfloat16 if int(choice) else torch.float32
-    optimizer = build_optimizer(model, cfg.lr, cfg.weight_decay, device)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg.warmup, cfg.steps))
-    rng = np.random.default_rng(cfg.seed)
-    step, best_valid, tokens_seen, elapsed_before = 0, float("inf"), 0, 0.0
-
-    if resume:
-        import safetensors.torch
-
-        last = (run_dir / "last").resolve()
-        state = checkpoint.load_trainer_state(last)
-        weights = last / checkpoint.WEIGHTS
-        try:
-            safetensors.torch.load_model(model, str(weights), strict=False, device=str(device))
-        except Exception as e:  # noqa: BLE001 - wrong shapes, a truncated or foreign file
-            raise SpemusicError(f"{weights}: weights do not fit the run's model ({checkpoint.first_problem(e)})") from None
-        try:
-            optimizer.load_state_dict(state["optimizer"])
-            scheduler.load_state_dict(state["scheduler"])
-        except (ValueError, KeyError, TypeError, RuntimeError) as e:
-            raise SpemusicError(f"{last / checkpoint.TRAINER}: optimizer state does not fit the run's model "
-                                f"({checkpoint.first_problem(e)})") from None
-        scheduler.lr_lambdas = [lr_lambda(cfg.warmup, cfg.steps)] * len(optimizer.param_groups)
-        rng.bit_generator.state = json.loads(state["sampler_rng"])
-        torch.set_rng_state(state["torch_rng"])
-        if device.type == "cuda" and "cuda_rng" in state:
-            torch.cuda.set_rng_state(state["cuda_rng"], device)
-        step, best_valid = int(state["step"]), float(state["best_valid"])
-        if step >= cfg.steps:
-            raise SpemusicError(f"{run_dir}: already trained for its {cfg.steps} steps; give a larger --steps "
-                                "to train further")
-        tokens_seen, elapsed_before = int(state["tokens"]), float(state["elapsed"])
-        if is_main:  # records written after the checkpoint (by the run that stopped) are redone
-            metrics = run_dir / "metrics.jsonl"
-            if metrics.is_file():
-                lines = [line for line in metrics.read_text(errors="replace").splitlines() if line.strip()]
-                kept = [line for line in lines if (_record_step(line) or step + 1) <= step]
-                unreadable = sum(_record_step(line) is None for line in lines)
-                if unreadable:
-                    console.print(f"[yellow]note:[/] {metrics}: dropped {unreadable} unreadable line(s)", highlight=False)
-                metrics.write_text("".join(line + "\n" for line in kept))
+    model_cfg = model_config(run, base_model, len(cache.tokenizer))
+    model = build_model(run, model_cfg, base_model, device)
+    dtype, dtype_reason = autocast_dtype(cfg, device, model_cfg, world)
+    optimizer, scheduler = build_optimizer_and_scheduler(model, cfg, device)
+    state = RunState(rng=np.random.default_rng(cfg.seed))
+    if run.resumed:
+        restore_trainer_state(run, state, optimizer, scheduler, device)
+        if is_main:
+            _drop_records_after(run.run_dir, state.step, events)
     elif is_main:
-        lock = lock_run_folder(run_dir)  # noqa: F841  (held until train returns)
-        (run_dir / "metrics.jsonl").unlink(missing_ok=True)
-        write_atomically(json.dumps(  # never a half-written record on a full disk
-            {"train": asdict(cfg), "model": model_cfg.to_dict(), "tokenizer": tok_cfg.to_dict(),
-             "data_cache": str(cache.path), "world_size": world}, indent=2).encode(), run_dir / "run.json")
+        run.lock = _start_run_folder(run, model_cfg, cache, world)
 
     train_model = model
     if world > 1:
@@ -546,133 +779,13 @@ def train(cfg: TrainConfig, run_dir: Path, resume: bool = False, stop_after: int
             model, device_ids=[device.index] if device.type == "cuda" else None)
     if cfg.compile:
         train_model = torch.compile(train_model)
-
-    logger = Logger(run_dir / "metrics.jsonl" if is_main else None)
-    n_params = model.num_parameters()
-    trained_tokens = trained_vocabulary(cache, cfg.transpose)
-    if is_main:
-        start = f"fine-tuning {cfg.init_from}" if cfg.init_from else cfg.preset
-        which = checkpoint.run_checkpoint_used(cfg.init_from) if cfg.init_from else None
-        if which:
-            start += f" ({which})"
-        if step:
-            start = f"resuming {run_dir} at step {step:,} ({start})"
-        console.print(f"[bold]spemusic train[/]: {start} ({n_params / 1e6:.2f}M parameters), pe={cfg.pe}"
-                      f"{' gated' if cfg.gated and cfg.pe in ('sinespe', 'convspe') else ''}, attention={cfg.attention}, "
-                      f"seq-len {cfg.seq_len}, {tokens_per_step} tokens/step, {cfg.steps} steps, "
-                      f"{device.type} {str(dtype).replace('torch.', '')} ({dtype_reason}), {world} process(es)")
-        console.print(f"data: {cache.path} — train {cache.index['splits']['train']['files']} files / "
-                      f"{cache.index['splits']['train']['tokens']:,} tokens, valid {cache.index['splits']['valid']['files']} files")
-        for warning in _warnings(cfg, cache, has_valid):
-            console.print(f"[yellow]warning:[/] {warning}", highlight=False)
-        if compiled.unavailable():
-            console.print(f"note: the step's compiled regions run uncompiled: {compiled.unavailable()}", highlight=False)
-
-    def save(names: list[str]) -> None:
-        if not all(torch.isfinite(p).all() for p in model.parameters()):  # never saved as best or last
-            raise SpemusicError(f"training diverged at step {step} (weights not finite); try a lower --lr")
-        info = {"step": step, "tokens": tokens_seen, "train_loss": last_train_loss, "valid_loss": last_valid,
-                "best_valid_loss": best_valid if math.isfinite(best_valid) else None,
-                "seq_len": cfg.seq_len, "data": str(cfg.data), "preset": cfg.preset,
-                "parameters": n_params, "trained_tokens": trained_tokens}
-        trainer_state = {
-            "format": checkpoint.FORMAT, "step": step, "best_valid": best_valid, "tokens": tokens_seen,
-            "elapsed": elapsed_before + (time.perf_counter() - t_start),
-            "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-            "sampler_rng": json.dumps(rng.bit_generator.state), "torch_rng": torch.get_rng_state(),
-        }
-        if device.type == "cuda":
-            trainer_state["cuda_rng"] = torch.cuda.get_rng_state(device)
-        checkpoint.save_run_checkpoint(run_dir, names, step, model, tok_cfg, info, trainer_state)
-
-    last_train_loss, last_valid, last_window = None, None, 0
-    window_loss, window_count, window_tokens = 0.0, 0, 0
-    t_start = time.perf_counter()
-    t_window = t_start
-    end_step = cfg.steps if stop_after is None else min(cfg.steps, step + stop_after)
-    initial_loss = None
-
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-
-    progress = Progress(TextColumn("[bold]train"), BarColumn(), TextColumn("step {task.completed}/{task.total}"),
-                        TextColumn("loss {task.fields[loss]}"), TextColumn("{task.fields[tps]} tok/s"),
-                        TimeElapsedColumn(), TimeRemainingColumn(), console=console,
-                        disable=not (is_main and show_progress))
-    model.train()
-    with progress:
-        task = progress.add_task("train", total=cfg.steps, completed=step, loss="-", tps="-")
-        while step < end_step:
-            if cfg.feature_redraw and step % cfg.feature_redraw == 0 and step > 0:
-                # same generator on every rank: features stay identical across processes
-                model.redraw_features(torch.Generator().manual_seed(cfg.seed * 1_000_003 + step))
-            optimizer.zero_grad(set_to_none=True)
-            step_loss = 0.0
-            for micro_step in range(cfg.grad_accum):
-                batch = sampler.sample(rng, cfg.batch_size, augment=cfg.transpose > 0)
-                batch = torch.from_numpy(batch[rank * micro:(rank + 1) * micro]).to(device)
-                sync = micro_step == cfg.grad_accum - 1
-                ctx = train_model.no_sync() if (world > 1 and not sync) else contextlib.nullcontext()
-                with ctx, torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32):
-                    loss, _ = lm_loss(train_model, batch, tokenizer.pad_id)
-                    (loss / cfg.grad_accum).backward()
-                step_loss += loss.item() / cfg.grad_accum
-            if not math.isfinite(step_loss):
-                raise SpemusicError(f"training diverged at step {step} (loss {step_loss}); try a lower --lr")
-            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-            optimizer.step()
-            scheduler.step()
-            step += 1
-            tokens_seen += tokens_per_step
-            if initial_loss is None:
-                initial_loss = step_loss
-            window_loss += step_loss
-            window_count += 1
-            window_tokens += tokens_per_step
-            progress.update(task, completed=step, loss=f"{step_loss:.3f}")
-
-            do_val = valid is not None and (step % cfg.val_every == 0 or step == cfg.steps)
-            do_log = step % cfg.log_every == 0 or do_val or step == end_step
-            if do_log:
-                if world > 1:
-                    t = torch.tensor([window_loss], dtype=torch.float64, device=device)
-                    dist.all_reduce(t)
-                    window_loss = float(t) / world
-                now = time.perf_counter()
-                tps = window_tokens / max(now - t_window, 1e-9)
-                last_train_loss, last_window = window_loss / window_count, window_count
-                record = {"step": step, "train_loss": round(last_train_loss, 5),
-                          "lr": float(f"{scheduler.get_last_lr()[0]:.6g}"), "tokens_per_s": round(tps, 1),
-                          "tokens": tokens_seen}
-                if do_val:
-                    last_valid = evaluate_windows(model, valid, tokenizer.pad_id, device, dtype)
-                    record["valid_loss"] = round(last_valid, 5)
-                logger.log(record)
-                progress.update(task, tps=f"{tps:,.0f}")
-                window_loss, window_count, window_tokens = 0.0, 0, 0
-                t_window = time.perf_counter()
-            if is_main:
-                names = []
-                if do_val and last_valid is not None and last_valid < best_valid:
-                    best_valid = last_valid
-                    names.append("best")
-                if step % cfg.save_every == 0 or step == end_step:
-                    names.append("last")
-                if names:
-                    save(names)
-            _barrier(world)
-
-    wall = time.perf_counter() - t_start
-    summary = {"steps": step, "total_steps": cfg.steps, "tokens": tokens_seen, "initial_loss": initial_loss,
-               "train_loss": last_train_loss, "valid_loss": last_valid,
-               "best_valid_loss": best_valid if math.isfinite(best_valid) else None,
-               "wall_seconds": wall, "run_dir": str(run_dir)}
-    if is_main and last_train_loss is not None:
-        stopped = step < cfg.steps
-        console.print(("stopped (--stop-after)" if stopped else "done") + f": step {step}/{cfg.steps}, train loss "
-                      f"{last_train_loss:.4f} (mean of the last {last_window} steps)"
-                      + (f", valid loss {last_valid:.4f} (best {best_valid:.4f})" if last_valid is not None else "")
-                      + f", {wall:.0f} s; checkpoints in {run_dir}/last" + (" and best" if math.isfinite(best_valid) else "")
-                      + (f"; continue with: spemusic train --resume {run_dir}" if stopped else ""))
+    loop = _Loop(run, model, train_model, optimizer, scheduler, cache, sampler, valid, device, dtype, state, events,
+                 rank, world)
+    events.start({"config": cfg, "run_dir": run.run_dir, "step": state.step, "parameters": loop.n_params,
+                  "tokens_per_step": tokens_per_step, "device": device, "dtype": dtype, "dtype_reason": dtype_reason,
+                  "processes": world, "data": cache.path, "splits": cache.index["splits"],
+                  "warnings": _warnings(cfg, cache, has_valid), "uncompiled": compiled.unavailable()})
+    summary = loop.run_until(cfg.steps if stop_after is None else min(cfg.steps, state.step + stop_after))
     if world > 1:
         dist.destroy_process_group()
     return summary

@@ -115,7 +115,7 @@ def tiny_run(tmp_path_factory, examples) -> Path:
 
     run = tmp_path_factory.mktemp("runs") / "run"
     train(TrainConfig(data=str(examples["groove"].parent), preset="tiny", seq_len=64, batch_size=2, steps=3,
-                      warmup=1, save_every=1, precision="fp32"), run, show_progress=False)
+                      warmup=1, save_every=1, precision="fp32"), run)
     return run
 
 

@@ -48,11 +48,40 @@ def _train(run_cli, data, run_dir, *extra):
     code, out, err = run_cli("train", data, "-o", run_dir, "--preset", "tiny", "--seq-len", 128, "--batch-size", 8,
                              "--lr", 3e-3, "--warmup", 20, "--precision", "fp32", "--seed", 1, *extra)
     assert code == 0, err
+    return _metrics(run_dir)
+
+
+def _metrics(run_dir) -> list[dict]:
     return [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_tiny_model_learns_real_music(run_cli, pop_cache, tmp_path):
-    metrics = _train(run_cli, pop_cache, tmp_path / "run", "--steps", 300, "--val-every", 100, "--log-every", 10)
+TINY = dict(preset="tiny", seq_len=128, batch_size=8, lr=3e-3, warmup=20, precision="fp32", seed=1)
+
+
+def _train_lib(data, run_dir, stop_after=None, events=None, **options) -> list[dict]:
+    """A run through the library (TINY's options, as `_train` gives the CLI); its metrics.jsonl records."""
+    from spemusic.train import TrainConfig, train
+
+    train(TrainConfig(data=str(data), **{**TINY, **options}), run_dir, stop_after=stop_after, events=events)
+    return _metrics(run_dir)
+
+
+def test_tiny_model_learns_real_music(pop_cache, tmp_path):
+    from spemusic.train import TrainEvents
+
+    class Recorder(TrainEvents):
+        def __init__(self):
+            self.steps, self.records = [], []
+
+        def step(self, step, loss):
+            self.steps.append(step)
+
+        def log(self, record, tokens_per_s):
+            self.records.append(record)
+
+    events = Recorder()
+    metrics = _train_lib(pop_cache, tmp_path / "run", steps=300, val_every=100, log_every=10, events=events)
+    assert events.steps == list(range(1, 301)) and events.records == metrics  # the callback sees what is logged
     first, last = metrics[0], metrics[-1]
     valid = [m["valid_loss"] for m in metrics if "valid_loss" in m]
     # measured: 5.89 for the first 10 steps, 2.51 after 300 steps (43%); valid 3.85, 2.58, 2.53
@@ -65,13 +94,17 @@ def test_tiny_model_learns_real_music(run_cli, pop_cache, tmp_path):
 
 
 def test_resume_is_exact(run_cli, pop_cache, tmp_path, monkeypatch):
-    common = ["--steps", 40, "--val-every", 15, "--save-every", 100, "--feature-redraw", 7]
-    _train(run_cli, pop_cache, tmp_path / "once", *common)
-    _train(run_cli, pop_cache, tmp_path / "split", *common, "--stop-after", 20)
+    from spemusic.errors import OptionError
+    from spemusic.train import train
+
+    common = dict(steps=40, val_every=15, save_every=100, feature_redraw=7)
+    _train_lib(pop_cache, tmp_path / "once", **common)
+    _train_lib(pop_cache, tmp_path / "split", **common, stop_after=20)
     code, _, err = run_cli("train", "--resume", tmp_path / "split", "--seq-len", 64)
     assert code == 1 and "drop --seq-len" in err
-    code, _, err = run_cli("train", "--resume", tmp_path / "split")
-    assert code == 0, err
+    with pytest.raises(OptionError, match="drop seq_len"):  # the library names its parameters
+        train({"seq_len": 64}, tmp_path / "split", resume=True)
+    train({}, tmp_path / "split", resume=True)
     code, _, err = run_cli("train", "--resume", tmp_path / "split")
     assert code == 1 and "already trained for its 40 steps" in err and "Traceback" not in err
     a = safetensors.torch.load_file(str(tmp_path / "once" / "last" / "model.safetensors"))
@@ -229,20 +262,20 @@ def test_train_bad_options(run_cli, pop_cache, tmp_path):
 
 
 def test_fine_tune_starts_from_the_given_model(run_cli, pop_cache, tmp_path):
-    base = _train(run_cli, pop_cache, tmp_path / "base", "--steps", 60, "--val-every", 60, "--log-every", 10)
-    code, _, err = run_cli("train", pop_cache, "-o", tmp_path / "ft", "--init-from", tmp_path / "base" / "best",
-                           "--seq-len", 256, "--batch-size", 4, "--steps", 10, "--lr", 1e-4, "--warmup", 2,
-                           "--log-every", 1, "--val-every", 5, "--stop-after", 5, "--precision", "fp32")
-    assert code == 0, err
-    ft = [json.loads(line) for line in (tmp_path / "ft" / "metrics.jsonl").read_text().splitlines()]
+    from spemusic.train import TrainConfig, train
+
+    base = _train_lib(pop_cache, tmp_path / "base", steps=60, val_every=60, log_every=10)
+    train(TrainConfig(data=str(pop_cache), init_from=str(tmp_path / "base" / "best"), seq_len=256, batch_size=4,
+                      steps=10, lr=1e-4, warmup=2, log_every=1, val_every=5, precision="fp32"),
+          tmp_path / "ft", stop_after=5)
+    ft = _metrics(tmp_path / "ft")
     # a fresh tiny model starts near ln(vocab) ≈ 5.9; the fine-tune starts where the base run ended
     assert ft[0]["train_loss"] < base[0]["train_loss"] - 1.0, (base[0], ft[0])
     assert abs(ft[0]["train_loss"] - base[-1]["train_loss"]) < 0.5, (base[-1], ft[0])
     run = json.loads((tmp_path / "ft" / "run.json").read_text())
     assert run["model"] == json.loads((tmp_path / "base" / "run.json").read_text())["model"]
     assert run["train"]["seq_len"] == 256 and run["train"]["preset"] == "tiny"
-    code, _, err = run_cli("train", "--resume", tmp_path / "ft")  # resumes from its own record
-    assert code == 0, err
+    train({}, tmp_path / "ft", resume=True)  # resumes from its own record
     model, _ = load_model(tmp_path / "ft" / "last")
     assert model.cfg.n_layers == 2
     code, _, err = run_cli("train", pop_cache, "-o", tmp_path / "x", "--init-from", tmp_path / "base" / "best",
@@ -255,17 +288,18 @@ def test_fine_tune_starts_from_the_given_model(run_cli, pop_cache, tmp_path):
 def test_fine_tune_adds_a_short_convolution(run_cli, pop_cache, tmp_path):
     """A model trained without the short convolution gets one at zero: same function at the start
     (the fine-tune's first loss is the base's), then it learns; a different size is refused."""
-    _train(run_cli, pop_cache, tmp_path / "base", "--steps", 40, "--val-every", 40, "--short-conv", 0)
+    from spemusic.train import TrainConfig, train
+
+    _train_lib(pop_cache, tmp_path / "base", steps=40, val_every=40, short_conv=0)
     base_model, _ = load_model(tmp_path / "base" / "best")
     assert base_model.cfg.short_conv == 0
-    args = ["--seq-len", 128, "--batch-size", 8, "--steps", 20, "--lr", 1e-3, "--warmup", 2, "--log-every", 1,
-            "--val-every", 20, "--precision", "fp32", "--seed", 3]
+    options = dict(seq_len=128, batch_size=8, steps=20, lr=1e-3, warmup=2, log_every=1, val_every=20,
+                   precision="fp32", seed=3)
     losses = {}
     for k in (0, 4):
-        code, _, err = run_cli("train", pop_cache, "-o", tmp_path / f"ft{k}", "--init-from", tmp_path / "base" / "best",
-                               "--short-conv", k, *args)
-        assert code == 0, err
-        losses[k] = [json.loads(line)["train_loss"] for line in (tmp_path / f"ft{k}" / "metrics.jsonl").read_text().splitlines()]
+        train(TrainConfig(data=str(pop_cache), init_from=str(tmp_path / "base" / "best"), short_conv=k, **options),
+              tmp_path / f"ft{k}")
+        losses[k] = [m["train_loss"] for m in _metrics(tmp_path / f"ft{k}")]
     assert losses[4][0] == pytest.approx(losses[0][0], abs=1e-3)  # same batches, same function at step 1
     model, _ = load_model(tmp_path / "ft4" / "last")
     assert model.cfg.short_conv == 4 and all(b.shift.abs().sum() > 0 for b in model.blocks)
@@ -276,7 +310,7 @@ def test_fine_tune_adds_a_short_convolution(run_cli, pop_cache, tmp_path):
 
 def test_auto_precision_measures_and_keeps_the_random_stream():
     from spemusic.model import ModelConfig
-    from spemusic.train import measure_precisions, pick_dtype
+    from spemusic.device import measure_precisions, pick_dtype
 
     cfg = ModelConfig.preset("tiny", vocab_size=60)
     torch.manual_seed(5)
@@ -288,6 +322,20 @@ def test_auto_precision_measures_and_keeps_the_random_stream():
     dtype, why = pick_dtype("auto", torch.device("cpu"), cfg, 2, 64)
     assert dtype in (torch.float32, torch.bfloat16) and why.startswith("auto")
     assert pick_dtype("fp32", torch.device("cpu")) == (torch.float32, "asked")
+
+
+def test_library_errors_name_parameters_and_the_cli_spells_them_as_flags():
+    from spemusic.cli import _flag
+    from spemusic.device import pick_device
+    from spemusic.errors import OptionError
+    from spemusic.train import TrainConfig
+
+    with pytest.raises(OptionError) as e:
+        TrainConfig(data="x", steps=1, seq_len=0).check()
+    assert str(e.value) == "seq_len must be at least 1" and e.value.spelled(_flag) == "--seq-len must be at least 1"
+    with pytest.raises(OptionError) as e:
+        pick_device("tpu", auto=False)
+    assert e.value.spelled(_flag) == "--device must be cpu or cuda (got 'tpu')"
 
 
 def test_non_finite_weights_are_refused(tiny_checkpoint, tmp_path):
