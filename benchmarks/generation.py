@@ -16,18 +16,25 @@ precision. Also prints, per precision, the ms/token bound at this CPU's measured
 matrix-vector rate (the model's own Linear layers at batch 1: cache-hot, each weight 20
 times in a row; and streamed, each weight once as in a step) and the fraction achieved.
 
-    python benchmarks/generation.py [--threads N] [--steps 200]
+    python benchmarks/generation.py [--threads N] [--steps 200] [--compare REV]
+
+--compare REV: the favor step's ms/token (fp32 and fp16 weights, positions 1k and 16k) for the
+code of git revision REV (a temporary worktree) and for this tree, in alternating subprocesses (3
+rounds each; the best round counts), side by side with the ratio.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import resource
 import time
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 from spemusic.model import ModelConfig, Performer
+from revision import REPO, checkout, run_json  # (benchmarks/, the script's own folder)
 
 VOCAB = 400
 
@@ -93,9 +100,15 @@ def main():
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--positions", type=int, nargs="+", default=[1024, 4096, 8192, 16384, 65536])
     ap.add_argument("--rerun", type=int, nargs="+", default=[256, 1024, 4096])
+    ap.add_argument("--compare", metavar="REV", help="the favor step of git revision REV and of this tree, side by side")
+    ap.add_argument("--json", action="store_true", help=argparse.SUPPRESS)  # one measurement, for --compare
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
+    if args.compare:
+        return compare(args)
+    if args.json:
+        return print(json.dumps(favor_step_ms(args.steps)))
 
     cfg = ModelConfig.preset("small", vocab_size=VOCAB, pe="sinespe", attention="favor")
     fav = Performer(cfg).eval()
@@ -179,6 +192,39 @@ def main():
             f_ms = time_steps(fav, st, args.steps)
             best_rerun = p_ms if p_ms == p_ms else r_ms
             print(f"{P:>7} {r_ms:>18.1f} {p_ms:>22.1f} {f_ms:>19.3f} {best_rerun/f_ms:>16.0f}x")
+
+
+COMPARE_POSITIONS = (1024, 16384)
+
+
+def favor_step_ms(steps: int) -> dict:
+    """ms/token of the favor+sinespe step of the small preset, per weights dtype and position."""
+    fav = Performer(ModelConfig.preset("small", vocab_size=VOCAB, pe="sinespe", attention="favor")).eval()
+    fav.resample(0)
+    out = {}
+    with torch.inference_mode():
+        for name, dt in {"fp32": torch.float32, "fp16": torch.float16}.items():
+            for P in COMPARE_POSITIONS:
+                st = fav.init_state(1, weights_dtype=dt)
+                st.position = P
+                out[f"{name} @{P}"] = time_steps(fav, st, steps)
+    return out
+
+
+def compare(args) -> None:
+    """Alternate subprocesses of REV's code and this tree's, 3 rounds each; print the best of each."""
+    best = {"before": {}, "after": {}}
+    with checkout(args.compare) as base:
+        for _ in range(3):
+            for side, root in (("before", base), ("after", REPO)):
+                worker = ["--steps", args.steps, "--threads", args.threads]
+                for name, ms in run_json(Path(__file__), worker, root).items():
+                    best[side][name] = min(best[side].get(name, float("inf")), ms)
+    print(f"favor + sineSPE step, small preset, batch 1, {args.threads} thread(s); best of 3 rounds of {args.steps} steps")
+    print(f"{'weights @ position':<20}{args.compare + ' ms/token':>22}{'this tree ms/token':>20}{'ratio':>8}")
+    for name, b in best["before"].items():
+        a = best["after"][name]
+        print(f"{name:<20}{b:>22.3f}{a:>20.3f}{a / b:>7.2f}x")
 
 
 if __name__ == "__main__":
