@@ -30,9 +30,9 @@ from pathlib import Path
 import numpy as np
 
 from spemusic.checkpoint import load_model
+from spemusic.cli import CHORD_STRENGTH, _sampling_options
 from spemusic.data import open_dataset
 from spemusic.metrics import continuation_similarity, summary
-from spemusic.cli import CHORD_STRENGTH, _sampling_options
 from spemusic.sampling import SamplingOptions, sample
 
 DATA = Path(__file__).resolve().parents[1] / ".." / "shared" / "data"

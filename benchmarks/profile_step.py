@@ -26,8 +26,8 @@ from spemusic.compiled import compiled
 from spemusic.fused import gelu_linear, norm_linear
 from spemusic.model import short_conv
 from spemusic.train import build_optimizer
-from train_throughput import matmul_peak  # (benchmarks/, the script's own folder)
 
+from train_throughput import matmul_peak  # (benchmarks/, the script's own folder)
 
 _LEAVES: dict = {}
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from spemusic.tokenizer import REMITokenizer  # noqa: E402
+from spemusic.tokenizer import REMITokenizer
 
 
 def bench_spemusic(files: list[Path]) -> dict:

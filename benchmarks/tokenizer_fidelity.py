@@ -25,10 +25,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from spemusic.errors import MidiError  # noqa: E402
-from spemusic.grammar import REMIGrammar  # noqa: E402
-from spemusic.metrics import note_grid  # noqa: E402
-from spemusic.tokenizer import REMITokenizer, TokenizerConfig  # noqa: E402
+from spemusic.errors import MidiError
+from spemusic.grammar import REMIGrammar
+from spemusic.metrics import note_grid
+from spemusic.tokenizer import REMITokenizer, TokenizerConfig
 
 DATASETS = {"pop909": "*.mid", "groove": "**/*.mid"}
 

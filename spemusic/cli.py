@@ -10,7 +10,7 @@ import threading
 import time
 from enum import Enum
 from pathlib import Path
-from typing import List, Optional
+from typing import Optional
 
 import typer
 from rich.console import Console
@@ -54,7 +54,7 @@ class _LazyProgress(Progress):
     """A progress display that starts drawing at its first task, so that an error raised before
     (a bad path, say) is not preceded by an empty progress line."""
 
-    def __enter__(self) -> "_LazyProgress":
+    def __enter__(self) -> _LazyProgress:
         return self
 
     def add_task(self, *args, **kwargs):
@@ -125,7 +125,7 @@ THREADS_HELP = "CPU threads \\[default: OMP_NUM_THREADS when set, else "
 
 # ----------------------------------------------------------------------------- tokenize / detokenize
 
-def _expand_inputs(inputs: List[Path], suffixes: set[str]) -> tuple[list[tuple[Path, Path]], bool]:
+def _expand_inputs(inputs: list[Path], suffixes: set[str]) -> tuple[list[tuple[Path, Path]], bool]:
     """(file, base folder) pairs; folders are searched recursively. Returns (pairs, folder_mode)."""
     from .files import check_input_file
 
@@ -198,7 +198,7 @@ def _convert_many(inputs, output, suffixes, new_suffix, convert, what: str, over
 
 @app.command()
 def tokenize(
-    inputs: List[Path] = typer.Argument(..., help="MIDI files or folders (searched recursively)."),
+    inputs: list[Path] = typer.Argument(..., help="MIDI files or folders (searched recursively)."),
     output: Optional[str] = typer.Option(None, "-o", "--output", help="Output .txt file, or folder (for several "
                                           "inputs, or a name ending in /). \\[default: the input's name with .txt, next to it]"),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace existing output files."),
@@ -250,7 +250,7 @@ def tokenize(
 
 @app.command()
 def show(
-    inputs: List[Path] = typer.Argument(..., help="MIDI files or folders (searched recursively)."),
+    inputs: list[Path] = typer.Argument(..., help="MIDI files or folders (searched recursively)."),
     output: Optional[str] = typer.Option(None, "-o", "--output", help="Output .png, .svg or .pdf, or a folder (for "
                                           "several inputs, or a name ending in /). \\[default: the input's name with "
                                           ".png, next to it]"),
@@ -285,7 +285,7 @@ def show(
 
 @app.command("render")
 def render_(
-    inputs: List[Path] = typer.Argument(..., help="MIDI files or folders (searched recursively)."),
+    inputs: list[Path] = typer.Argument(..., help="MIDI files or folders (searched recursively)."),
     output: Optional[str] = typer.Option(None, "-o", "--output", help="Output .wav, .flac, .ogg or .mp3, or a folder "
                                           "(for several inputs, or a name ending in /). \\[default: the input's name "
                                           "with .wav, next to it]"),
@@ -320,7 +320,7 @@ def render_(
 
 @app.command()
 def detokenize(
-    inputs: List[Path] = typer.Argument(..., help="Token files (.txt, one token per line) or folders."),
+    inputs: list[Path] = typer.Argument(..., help="Token files (.txt, one token per line) or folders."),
     output: Optional[str] = typer.Option(None, "-o", "--output", help="Output .mid file, or folder (for several "
                                           "inputs, or a name ending in /). \\[default: the input's name with .mid, next to it]"),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace existing output files."),
@@ -1171,7 +1171,7 @@ def models():
 
 @app.command("eval")
 def eval_(
-    args: List[str] = typer.Argument(..., help="MODEL \\[MODEL …] DATA: models (names or checkpoints) then a MIDI "
+    args: list[str] = typer.Argument(..., help="MODEL \\[MODEL …] DATA: models (names or checkpoints) then a MIDI "
                                      "folder or data cache; with --metrics: MIDI files or folders."),
     split: str = typer.Option("valid", help="train, valid, test, or all (a plain folder of MIDI files)."),
     max_len: int = typer.Option(2048, "--max-len", help="Score positions 0 … N of each piece."),
@@ -1262,7 +1262,7 @@ def eval_(
         err.print(f"wrote {plot}")
 
 
-def _eval_metrics(args: List[str], reference: Optional[Path], json_path: Optional[Path]) -> None:
+def _eval_metrics(args: list[str], reference: Optional[Path], json_path: Optional[Path]) -> None:
     from .metrics import collection_summary
     from .tokenizer import REMITokenizer, TokenizerConfig
 

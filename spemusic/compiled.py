@@ -17,11 +17,11 @@ import functools
 import os
 import shutil
 import warnings
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
-_REGIONS: dict[Callable, "_CompiledOrEager"] = {}
+_REGIONS: dict[Callable, _CompiledOrEager] = {}
 _failure: str | None = None  # why compiling failed in this process, once it has
 
 

@@ -142,7 +142,7 @@ class ModelConfig:
         return self.pe in ABSOLUTE_PE_OPTIONS
 
     @classmethod
-    def preset(cls, name: str, **overrides) -> "ModelConfig":
+    def preset(cls, name: str, **overrides) -> ModelConfig:
         if name not in _PRESETS:
             raise SpemusicError(f"unknown model preset {name!r}; choose one of {', '.join(_PRESETS)}")
         kw = dict(_PRESETS[name])
@@ -155,7 +155,7 @@ class ModelConfig:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict) -> "ModelConfig":
+    def from_dict(cls, d: dict) -> ModelConfig:
         if not isinstance(d, dict):
             raise SpemusicError("model config must be a mapping")
         known = {f.name for f in fields(cls)}

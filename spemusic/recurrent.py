@@ -72,7 +72,7 @@ class State:
     plan: StepPlan = field(default=None, repr=False)  # set by Performer.prime / init_state
     histories: list = field(default_factory=list)  # per layer, its last K inputs (B, K, d) newest first (short_conv)
 
-    def clone(self) -> "State":
+    def clone(self) -> State:
         return State(
             position=self.position,
             batch_size=self.batch_size,

@@ -96,9 +96,10 @@ import json
 import math
 import os
 import re
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, fields
 from fractions import Fraction
-from typing import Any, Iterable
+from typing import Any
 
 import numpy as np
 import symusic
@@ -235,7 +236,7 @@ class TokenizerConfig:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict) -> "TokenizerConfig":
+    def from_dict(cls, d: dict) -> TokenizerConfig:
         if not isinstance(d, dict):
             raise ConfigError("tokenizer config must be a mapping")
         known = {f.name for f in fields(cls)}

@@ -107,8 +107,8 @@ def test_generate_precision_option(run_cli, tiny_checkpoint, tmp_path):
 
 
 def test_auto_step_precision():
-    from spemusic.sampling import auto_step_dtype
     from spemusic.device import cpu_has_fast_bf16
+    from spemusic.sampling import auto_step_dtype
 
     assert auto_step_dtype("cpu", 1) == auto_step_dtype("cpu", 4) == torch.float16
     assert auto_step_dtype("cpu", 8) == (torch.bfloat16 if cpu_has_fast_bf16() else torch.float16)

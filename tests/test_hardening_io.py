@@ -14,7 +14,6 @@ import pytest
 
 from spemusic.tokenizer import REMITokenizer
 
-
 # ----------------------------------------------------------------------------- raw MIDI bytes
 
 def _load_fuzz():

@@ -309,8 +309,8 @@ def test_fine_tune_adds_a_short_convolution(run_cli, pop_cache, tmp_path):
 
 
 def test_auto_precision_measures_and_keeps_the_random_stream():
-    from spemusic.model import ModelConfig
     from spemusic.device import measure_precisions, pick_dtype
+    from spemusic.model import ModelConfig
 
     cfg = ModelConfig.preset("tiny", vocab_size=60)
     torch.manual_seed(5)
