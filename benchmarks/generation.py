@@ -149,7 +149,7 @@ def main():
 
         try:
             from performer_pytorch import PerformerLM
-        except Exception as e:  # benchmark-only dependency
+        except Exception as e:  # noqa: BLE001 - benchmark-only dependency
             PerformerLM = None
             print(f"(performer-pytorch not installed: {e}; skipping its re-run column)")
         ref = None

@@ -50,7 +50,7 @@ def parts(model: Performer, B: int, T: int):
     """(name, calls per step, fn): fn runs one call's forward and backward."""
     cfg, blk = model.cfg, model.blocks[0]
     H, D, d, V = cfg.n_heads, cfg.d_head, cfg.d_model, cfg.vocab_size
-    att, dk, M = blk.attn, blk.attn.dk, cfg.n_features
+    att, dk = blk.attn, blk.attn.dk
     ids = torch.randint(0, V, (B, T + 1))
     spe = model.spe[0] if model.spe is not None else None
     out = []

@@ -283,7 +283,7 @@ def _gm_names() -> list[str]:
         from pretty_midi.constants import INSTRUMENT_MAP
 
         return list(INSTRUMENT_MAP)
-    except Exception:  # pragma: no cover - pretty_midi is a dependency
+    except Exception:  # noqa: BLE001  # pragma: no cover - pretty_midi is a dependency
         return [f"Program {p}" for p in range(128)]
 
 
@@ -482,7 +482,7 @@ class REMITokenizer:
         self.bar_lengths = np.array([n * 4 * res // d for n, d in self.time_signatures], dtype=np.int64)
         self._ts_index = {ts: i for i, ts in enumerate(self.time_signatures)}
         by_len: dict[int, int] = {}
-        for i, (n, d) in enumerate(self.time_signatures):  # prefer the simplest (first listed ... quarter-based)
+        for i, (_n, d) in enumerate(self.time_signatures):  # prefer the simplest (first listed ... quarter-based)
             L = int(self.bar_lengths[i])
             if L not in by_len or d == 4:
                 by_len[L] = i
@@ -609,7 +609,7 @@ class REMITokenizer:
         x = np.nan_to_num(x, nan=0.0, posinf=self.config.num_tempo_bins - 1, neginf=0.0)
         return np.clip(x, 0, self.config.num_tempo_bins - 1).astype(np.int64)
 
-    @functools.lru_cache(maxsize=256)
+    @functools.lru_cache(maxsize=256)  # noqa: B019 - keeps at most 256 (tokenizer, signature) entries alive
     def map_time_signature(self, numerator: int, denominator: int) -> int:
         """Index into config.time_signatures of the allowed TS used for numerator/denominator."""
         ts = (int(numerator), int(denominator))
@@ -663,7 +663,7 @@ class REMITokenizer:
         data, notes = _skip_short_meta(data)
         try:
             score = symusic.Score.from_midi(data)
-        except Exception as e:  # symusic raises RuntimeError/ValueError with a C++ message
+        except Exception as e:  # noqa: BLE001 - symusic raises RuntimeError/ValueError with a C++ message
             raise MidiError(f"{name}: corrupt MIDI file ({_one_line(e)})") from None
         return score, notes + _policy(score)
 
