@@ -170,7 +170,8 @@ def main():
         for impl in impls:
             cmd = [sys.executable, __file__, "--child", impl, "--len", str(T), "--steps", str(args.steps),
                    "--threads", str(args.threads), "--layers", str(args.layers), "--d-model", str(args.d_model),
-                   "--d-ff", str(args.d_ff), "--heads", str(args.heads), "--features", str(args.features), "--precision", args.precision]
+                   "--d-ff", str(args.d_ff), "--heads", str(args.heads), "--features", str(args.features),
+                   "--precision", args.precision]
             p = subprocess.run(cmd, capture_output=True, text=True)
             line = [out for out in p.stdout.splitlines() if out.startswith("{")]
             if p.returncode or not line:

@@ -185,7 +185,8 @@ def main() -> None:
     line = f"{'full step':<48}{'':>6}{g_all / 1e9:>8.1f}"
     line += "".join(f"{full[dt] * 1e3:>10.0f}{'100%':>7}{g_all / full[dt] / peaks[dt]:>8.0%}" for dt in totals)
     print(line)
-    print("tokens/s: " + ", ".join(f"{n} {B * T / full[dt]:,.0f}" for n, dt in (("fp32", torch.float32), ("bf16", torch.bfloat16))))
+    print("tokens/s: " + ", ".join(f"{n} {B * T / full[dt]:,.0f}"
+                                   for n, dt in (("fp32", torch.float32), ("bf16", torch.bfloat16))))
 
 
 if __name__ == "__main__":

@@ -389,7 +389,7 @@ def data_prepare(
     spemusic data prepare ../shared/data/pop909 -o cache/pop909
 
     spemusic data prepare ../shared/data/pop909 -o cache/pop909-v2 --beats ../shared/data/pop909/beats --chords ../shared/data/pop909/chords
-    """
+    """  # noqa: E501 - typer prints the lines of a command's docstring as they are: one example a line
     from .data import prepare
 
     with _progress(TextColumn("[bold]tokenizing"), BarColumn(), MofNCompleteColumn(), TextColumn("files"),
@@ -412,7 +412,8 @@ def data_prepare(
     for what in ("beats", "chords"):
         if idx.get(what):
             out.print(f"{what}: {annotated.get(what, 0)} of {total_files} files annotated; "
-                      f"{total_files - annotated.get(what, 0)} without ({'their own meter' if what == 'beats' else 'no chord tokens'})")
+                      f"{total_files - annotated.get(what, 0)} without "
+                      f"({'their own meter' if what == 'beats' else 'no chord tokens'})")
     out.print(f"skipped files: {len(idx['skipped'])}; vocabulary coverage: {idx['vocab_used']} of "
               f"{idx['vocab_size']} tokens used ({100 * idx['vocab_used'] / idx['vocab_size']:.0f}%)")
     for s in idx["skipped"][:20]:
@@ -466,43 +467,65 @@ def train(
     data: Optional[Path] = typer.Argument(None, help="Folder of MIDI files, or a cache from `spemusic data prepare`."),
     preset: Optional[Preset] = typer.Option(None, rich_help_panel="Model", help="Model size. \\[default: small]"),
     pe: Optional[PE] = typer.Option(None, "--pe", rich_help_panel="Model", help="Positional encoding. \\[default: sinespe]"),
-    gated: Optional[bool] = typer.Option(None, "--gated/--no-gated", rich_help_panel="Model", help="Gated SPE. \\[default: gated]"),
-    attention: Optional[Attention] = typer.Option(None, rich_help_panel="Model", help="favor (linear) or softmax (quadratic baseline). \\[default: favor]"),
+    gated: Optional[bool] = typer.Option(None, "--gated/--no-gated", rich_help_panel="Model",
+                                         help="Gated SPE. \\[default: gated]"),
+    attention: Optional[Attention] = typer.Option(None, rich_help_panel="Model",
+                                                  help="favor (linear) or softmax (quadratic baseline). \\[default: favor]"),
     seq_len: Optional[int] = typer.Option(None, rich_help_panel="Data", help="Training window in tokens. \\[default: 1024]"),
-    batch_size: Optional[int] = typer.Option(None, rich_help_panel="Optimisation", help="Sequences per micro-batch, all processes together. \\[default: 8]"),
-    grad_accum: Optional[int] = typer.Option(None, rich_help_panel="Optimisation", help="Micro-batches per optimizer step. \\[default: 1]"),
+    batch_size: Optional[int] = typer.Option(None, rich_help_panel="Optimisation",
+                                             help="Sequences per micro-batch, all processes together. \\[default: 8]"),
+    grad_accum: Optional[int] = typer.Option(None, rich_help_panel="Optimisation",
+                                             help="Micro-batches per optimizer step. \\[default: 1]"),
     steps: Optional[int] = typer.Option(None, rich_help_panel="Optimisation", help="Optimizer steps."),
-    epochs: Optional[float] = typer.Option(None, rich_help_panel="Optimisation", help="Passes over the train split's tokens (instead of --steps)."),
+    epochs: Optional[float] = typer.Option(None, rich_help_panel="Optimisation",
+                                           help="Passes over the train split's tokens (instead of --steps)."),
     lr: Optional[float] = typer.Option(None, rich_help_panel="Optimisation", help="Peak learning rate. \\[default: 1e-3]"),
-    warmup: Optional[int] = typer.Option(None, rich_help_panel="Optimisation", help="Linear warmup steps, then cosine decay. \\[default: 100]"),
-    weight_decay: Optional[float] = typer.Option(None, rich_help_panel="Optimisation", help="AdamW weight decay. \\[default: 0.1]"),
-    feature_redraw: Optional[int] = typer.Option(None, rich_help_panel="Optimisation", help="Redraw FAVOR+ features every N steps (0: never). \\[default: 1000]"),
+    warmup: Optional[int] = typer.Option(None, rich_help_panel="Optimisation",
+                                         help="Linear warmup steps, then cosine decay. \\[default: 100]"),
+    weight_decay: Optional[float] = typer.Option(None, rich_help_panel="Optimisation",
+                                                 help="AdamW weight decay. \\[default: 0.1]"),
+    feature_redraw: Optional[int] = typer.Option(None, rich_help_panel="Optimisation",
+                                                 help="Redraw FAVOR+ features every N steps (0: never). \\[default: 1000]"),
     val_every: Optional[int] = typer.Option(None, rich_help_panel="Run", help="Validate every N steps. \\[default: 200]"),
     save_every: Optional[int] = typer.Option(None, rich_help_panel="Run", help="Save `last` every N steps. \\[default: 200]"),
-    log_every: Optional[int] = typer.Option(None, rich_help_panel="Run", help="Write metrics.jsonl every N steps. \\[default: 10]"),
+    log_every: Optional[int] = typer.Option(None, rich_help_panel="Run",
+                                            help="Write metrics.jsonl every N steps. \\[default: 10]"),
     device: Optional[str] = typer.Option(None, rich_help_panel="Run", help="auto, cpu or cuda. \\[default: auto]"),
-    precision: Optional[Precision] = typer.Option(None, rich_help_panel="Run", help="auto: bf16 on GPUs; on a CPU, measures fp32 and bf16 on this model and batch for a few steps and takes the faster. \\[default: auto]"),
-    compile: Optional[bool] = typer.Option(None, "--compile/--no-compile", rich_help_panel="Run", help="torch.compile the model. \\[default: no]"),
+    precision: Optional[Precision] = typer.Option(None, rich_help_panel="Run",
+                                                  help="auto: bf16 on GPUs; on a CPU, measures fp32 and bf16 on this model and "
+                                                       "batch for a few steps and takes the faster. \\[default: auto]"),
+    compile: Optional[bool] = typer.Option(None, "--compile/--no-compile", rich_help_panel="Run",
+                                           help="torch.compile the model. \\[default: no]"),
     checkpoint_activations: Optional[bool] = typer.Option(        None, "--checkpoint-activations/--no-checkpoint-activations",
         rich_help_panel="Run", help="Recompute each block's activations in the backward pass: much less memory for long "
              "sequences, about a third more compute. \\[default: no]"),
-    short_conv: Optional[int] = typer.Option(        None, "--short-conv", rich_help_panel="Model", help="Tokens each block's short causal convolution reaches back (0: none). "
-        "Added to an --init-from model that has none, or widened (farther taps at zero). \\[default: 4, or the --init-from model's]"),
+    short_conv: Optional[int] = typer.Option(None, "--short-conv", rich_help_panel="Model",
+                                             help="Tokens each block's short causal convolution reaches back (0: none). "
+                                                  "Added to an --init-from model that has none, or widened (farther taps at "
+                                                  "zero). \\[default: 4, or the --init-from model's]"),
     seed: Optional[int] = typer.Option(None, rich_help_panel="Optimisation", help="Random seed. \\[default: 0]"),
-    max_len: Optional[int] = typer.Option(None, "--max-len", rich_help_panel="Model", help="Longest sequence of an absolute PE (ape, "
-                                          "sinusoidal, axial) at generation/eval; SPE has no limit. \\[default: max(seq-len, 2048)]"),
-    init_from: Optional[str] = typer.Option(None, "--init-from", rich_help_panel="Model", help="Fine-tune: start from this model (a shipped "
-                                            "name or a checkpoint), with its size, PE and tokenizer."),
-    beats: Optional[Path] = typer.Option(None, "--beats", rich_help_panel="Data", help="Folder of beat annotations for a MIDI folder DATA "
-                                         "(as for `data prepare`): bars from their downbeats."),
-    chords: Optional[Path] = typer.Option(None, "--chords", rich_help_panel="Data", help="Folder of chord annotations for a MIDI folder DATA: "
-                                          "Chord tokens (a new model gets them in its vocabulary)."),
-    output: Optional[Path] = typer.Option(None, "-o", "--output", rich_help_panel="Run", help="Run folder: checkpoints, metrics.jsonl."),
-    config: Optional[Path] = typer.Option(None, "--config", rich_help_panel="Run", help="TOML file of training options (CLI options override it)."),
-    resume: Optional[Path] = typer.Option(None, "--resume", rich_help_panel="Run", help="Continue the run in this folder where it stopped."),
+    max_len: Optional[int] = typer.Option(None, "--max-len", rich_help_panel="Model",
+                                          help="Longest sequence of an absolute PE (ape, sinusoidal, axial) at "
+                                               "generation/eval; SPE has no limit. \\[default: max(seq-len, 2048)]"),
+    init_from: Optional[str] = typer.Option(None, "--init-from", rich_help_panel="Model",
+                                            help="Fine-tune: start from this model (a shipped name or a checkpoint), with "
+                                                 "its size, PE and tokenizer."),
+    beats: Optional[Path] = typer.Option(None, "--beats", rich_help_panel="Data",
+                                         help="Folder of beat annotations for a MIDI folder DATA (as for `data prepare`): "
+                                              "bars from their downbeats."),
+    chords: Optional[Path] = typer.Option(None, "--chords", rich_help_panel="Data",
+                                          help="Folder of chord annotations for a MIDI folder DATA: Chord tokens (a new "
+                                               "model gets them in its vocabulary)."),
+    output: Optional[Path] = typer.Option(None, "-o", "--output", rich_help_panel="Run",
+                                          help="Run folder: checkpoints, metrics.jsonl."),
+    config: Optional[Path] = typer.Option(None, "--config", rich_help_panel="Run",
+                                          help="TOML file of training options (CLI options override it)."),
+    resume: Optional[Path] = typer.Option(None, "--resume", rich_help_panel="Run",
+                                          help="Continue the run in this folder where it stopped."),
     threads: Optional[int] = typer.Option(None, "--threads", rich_help_panel="Run", help=THREADS_HELP + "all cores]"),
-    stop_after: Optional[int] = typer.Option(None, "--stop-after", rich_help_panel="Run", help="Stop after this many steps of this invocation "
-                                             "(the schedule still follows --steps; resume later)."),
+    stop_after: Optional[int] = typer.Option(None, "--stop-after", rich_help_panel="Run",
+                                             help="Stop after this many steps of this invocation (the schedule still "
+                                                  "follows --steps; resume later)."),
 ):
     """Train a Performer with SPE on MIDI files (CPU, GPU, or many GPUs with torchrun).
 
@@ -748,7 +771,8 @@ def _report(rows, result, seed, as_json, midis, prompt_bar_count: int, only_cont
                 f" ({prompt_bar_count} of the prompt, {new_bars} new)" if file_bars != new_bars else "")
             dropped = result.new_tokens - new_tokens if by_length else 0
             err.print(f"wrote {path}: {bars}, {notes} notes, {seconds:.1f} s of music, seed {seed} ({new_tokens} new "
-                      f"tokens at {tps:,.0f} tok/s" + (f"; {dropped} tokens of an unfinished last bar dropped" if dropped > 0 else "")
+                      f"tokens at {tps:,.0f} tok/s"
+                      + (f"; {dropped} tokens of an unfinished last bar dropped" if dropped > 0 else "")
                       + ")" + "".join(f"; {name} {escape(p)}" for name, p in written.items()), highlight=False)
         if new_bars == 0 or notes == 0:
             err.print(f"[yellow]warning:[/] {escape(str(path))}: no new notes: {result.new_tokens} tokens did not "

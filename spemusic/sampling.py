@@ -145,7 +145,8 @@ def chord_ids(tokenizer: REMITokenizer, names: list[str]) -> list[int]:
     return [tokenizer.token_to_id[f"Chord_{n}"] for n in names]
 
 
-def opening_tokens(tokenizer: REMITokenizer, meter: str | None = None, tempo: float | None = None) -> tuple[int | None, int | None]:
+def opening_tokens(tokenizer: REMITokenizer, meter: str | None = None,
+                   tempo: float | None = None) -> tuple[int | None, int | None]:
     """Token ids of an opening time signature ("3/4") and tempo (BPM) asked for a piece from
     scratch; a value the vocabulary lacks is an error that says what exists."""
     meter_id = tempo_id = None

@@ -644,7 +644,8 @@ class REMITokenizer:
             p.warnings = []
             return p
         else:
-            raise TypeError(f"cannot encode a {type(midi).__name__}; pass a path, bytes, a miditoolkit.MidiFile or a symusic.Score")
+            raise TypeError(f"cannot encode a {type(midi).__name__}; pass a path, bytes, a miditoolkit.MidiFile "
+                            "or a symusic.Score")
         p = self._from_score(score, name)
         p.warnings = warnings
         return p
@@ -752,7 +753,8 @@ class REMITokenizer:
         max_onset_error_ticks (in the file's ticks), ticks_per_beat, bars,
         tokens, ts_changes_moved (off-bar changes moved to a bar line),
         tempos_clipped (tempo events outside tempo_min..tempo_max), chord_changes (Chord tokens
-        written), warnings (what the reader policy skipped or clipped, as sentences); with beats: beat_bars (bars by the annotation), max_onset_error_beats and
+        written), warnings (what the reader policy skipped or clipped, as sentences); with beats:
+        beat_bars (bars by the annotation), max_onset_error_beats and
         max_onset_error_seconds (a note's onset on the grid against the original, in beats and
         in seconds; max_onset_error_ticks is then in beat_resolution * 40 ticks per beat).
         """

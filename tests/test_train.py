@@ -114,7 +114,8 @@ def test_resume_is_exact(run_cli, pop_cache, tmp_path, monkeypatch):
         assert torch.equal(a[k], b[k]), f"{k} differs after resume"
     once = (tmp_path / "once" / "metrics.jsonl").read_text()
     split = (tmp_path / "split" / "metrics.jsonl").read_text()
-    strip = lambda text: [{k: v for k, v in json.loads(line).items() if k != "tokens_per_s"} for line in text.splitlines()]  # noqa: E731
+    strip = lambda text: [{k: v for k, v in json.loads(line).items() if k != "tokens_per_s"}  # noqa: E731
+                          for line in text.splitlines()]
     assert strip(once) == strip(split)
     # run folders in $SPEMUSIC_CHECKPOINTS are models by name (their best, else last)
     monkeypatch.setenv("SPEMUSIC_CHECKPOINTS", str(tmp_path))
