@@ -239,8 +239,8 @@ def _warnings(cfg: TrainConfig, cache, has_valid: bool) -> list[OptionWarning]:
 
 def activation_bytes_per_token(cfg: ModelConfig, checkpoint_activations: bool = False) -> int:
     """A rough upper estimate of the training step's memory per token of a micro-batch: each
-    layer keeps ~16 d_model, 3 d_ff and 4 heads x features floats for the backward pass (the small
-    preset at 4,096 tokens a step: estimated 0.9 GB, measured ~1.1 GB above the runtime's own)."""
+    layer keeps ~16 d_model, 3 d_ff and 4 heads x features floats for the backward pass (checked
+    against the training step's peak memory that benchmarks/attention.py measures)."""
     per_layer = 16 * cfg.d_model + 3 * cfg.d_ff + 4 * cfg.n_heads * cfg.n_features
     layers = 1 if checkpoint_activations else cfg.n_layers
     return 4 * (per_layer * layers + 3 * cfg.vocab_size)
