@@ -158,7 +158,7 @@ def main():
     if "performer-pytorch" in impls:
         try:
             import performer_pytorch  # noqa: F401
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - benchmark-only dependency: whatever stops its import skips it
             print(f"note: performer-pytorch not installable/importable ({e}); skipping it")
             impls.remove("performer-pytorch")
     peak = matmul_peak(args.threads)
@@ -170,9 +170,10 @@ def main():
         for impl in impls:
             cmd = [sys.executable, __file__, "--child", impl, "--len", str(T), "--steps", str(args.steps),
                    "--threads", str(args.threads), "--layers", str(args.layers), "--d-model", str(args.d_model),
-                   "--d-ff", str(args.d_ff), "--heads", str(args.heads), "--features", str(args.features), "--precision", args.precision]
+                   "--d-ff", str(args.d_ff), "--heads", str(args.heads), "--features", str(args.features),
+                   "--precision", args.precision]
             p = subprocess.run(cmd, capture_output=True, text=True)
-            line = [l for l in p.stdout.splitlines() if l.startswith("{")]
+            line = [out for out in p.stdout.splitlines() if out.startswith("{")]
             if p.returncode or not line:
                 print(f"  {impl} @ {T}: failed ({p.stderr.strip().splitlines()[-1:] if p.stderr else p.returncode})")
                 continue

@@ -70,7 +70,7 @@ def main() -> None:
         reports.append(evaluate_nll(model, tok, Path(args.data), "valid", args.max_len, 128, name=name,
                                     trained_len=args.seq_len, device=args.device))
     lo, hi = (args.seq_len // 2, args.seq_len), (args.max_len // 2, args.max_len)
-    print(f"\n{'model':<18}{'NLL [%d,%d)' % lo:>16}{'NLL [%d,%d)' % hi:>18}{'ratio':>8}{'mean':>8}")
+    print(f"\n{'model':<18}{'NLL [{},{})'.format(*lo):>16}{'NLL [{},{})'.format(*hi):>18}{'ratio':>8}{'mean':>8}")
     rows = []
     for r in reports:
         a, b = r.mean_between(*lo), r.mean_between(*hi)

@@ -1,6 +1,7 @@
 """Long generation at constant cost per token: wall time, per-token time and peak memory of
 the sampler behind `spemusic generate --length` (spemusic.sampling.sample, top-p 1, no MIDI
-written) at 1,000 / 8,000 / 64,000 tokens with the default model (each in a fresh process), and tokens/s for --num 1 vs --num 8, side by side in one run.
+written) at 1,000 / 8,000 / 64,000 tokens with the default model (each in a fresh process), and
+tokens/s for --num 1 vs --num 8, side by side in one run.
 
     python benchmarks/generate_long.py                 # ~3 min on 2 CPU cores
     python benchmarks/generate_long.py --lengths 1000 8000 --model groove

@@ -125,9 +125,10 @@ def main():
             hot = matvec_rate(fav, repeat=20, dtype=dt)
             rate = matvec_rate(fav, dtype=dt)
             bound[name] = step_flops(cfg) / (rate * 1e9) * 1e3
-            print(f"{name} weights: matvec rate cache-hot {hot:.1f} GFLOP/s (step bound {step_flops(cfg) / (hot * 1e9) * 1e3:.3f} "
-                  f"ms/token), as in a step (each weight once, streamed) {rate:.1f} GFLOP/s (step bound "
-                  f"{bound[name]:.3f} ms/token); {step_flops(cfg)/1e6:.1f} MFLOP/token")
+            print(f"{name} weights: matvec rate cache-hot {hot:.1f} GFLOP/s "
+                  f"(step bound {step_flops(cfg) / (hot * 1e9) * 1e3:.3f} ms/token), as in a step (each weight once, "
+                  f"streamed) {rate:.1f} GFLOP/s (step bound {bound[name]:.3f} ms/token); "
+                  f"{step_flops(cfg)/1e6:.1f} MFLOP/token")
         print()
 
         rows = []
@@ -162,7 +163,7 @@ def main():
 
         try:
             from performer_pytorch import PerformerLM
-        except Exception as e:  # benchmark-only dependency
+        except Exception as e:  # noqa: BLE001 - benchmark-only dependency
             PerformerLM = None
             print(f"(performer-pytorch not installed: {e}; skipping its re-run column)")
         ref = None

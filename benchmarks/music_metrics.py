@@ -17,7 +17,8 @@
 
     python benchmarks/music_metrics.py [--pieces 32] [--length 2048] [--prompts 64] [--bars 16] [--per-prompt 4]
                                        [--only pop-piano|groove] [--groove-model NAME_OR_PATH]
-                                       [--pop-model NAME_OR_PATH] [--top-p P] [--bar-top-p P] [--temperature T] [--chords 'C G Am F']
+                                       [--pop-model NAME_OR_PATH] [--top-p P] [--bar-top-p P] [--temperature T]
+                                       [--chords 'C G Am F']
 """
 
 from __future__ import annotations
@@ -30,9 +31,9 @@ from pathlib import Path
 import numpy as np
 
 from spemusic.checkpoint import load_model
+from spemusic.cli import CHORD_STRENGTH, _sampling_options
 from spemusic.data import open_dataset
 from spemusic.metrics import continuation_similarity, summary
-from spemusic.cli import CHORD_STRENGTH, _sampling_options
 from spemusic.sampling import SamplingOptions, sample
 
 DATA = Path(__file__).resolve().parents[1] / ".." / "shared" / "data"
@@ -155,7 +156,8 @@ def pop_piano(args, opts) -> dict:
     gen_m, cont_m, real_m = mean_metrics(generated, tok), mean_metrics(continued, tok), mean_metrics(real, tok)
     print(f"pop-piano ({args.pop_model}): {len(generated)} pieces of {args.length} tokens from scratch and "
           f"{len(continued)} continuations of 4-bar prompts (POP909 valid) up to {args.length} tokens "
-          f"({wall:.0f} s), top-p {opts.top_p}, bar top-p {opts.bar_top_p}, temperature {opts.temperature}; real: {len(real)} POP909 valid "
+          f"({wall:.0f} s), top-p {opts.top_p}, bar top-p {opts.bar_top_p}, temperature {opts.temperature}; "
+          f"real: {len(real)} POP909 valid "
           f"songs{' re-barred by their beat annotations' if annotated else ''}, first {args.length} tokens")
     print_table("\nfrom scratch", {"generated": gen_m, "real": real_m})
     print_table("\ncontinuations (new bars only)", {"continued": cont_m, "real": real_m})

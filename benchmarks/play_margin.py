@@ -58,7 +58,7 @@ def main() -> None:
                   Player(audio_out=lambda block: None, soundfont=font, clock=clock))
         rss, tokens = {}, 0
 
-        def on_bar(report):
+        def on_bar(report, player=player, rss=rss):
             nonlocal tokens
             n = len(player.bar_ends)
             if n in marks:

@@ -26,8 +26,8 @@ from spemusic.compiled import compiled
 from spemusic.fused import gelu_linear, norm_linear
 from spemusic.model import short_conv
 from spemusic.train import build_optimizer
-from train_throughput import matmul_peak  # (benchmarks/, the script's own folder)
 
+from train_throughput import matmul_peak  # (benchmarks/, the script's own folder)
 
 _LEAVES: dict = {}
 
@@ -50,7 +50,7 @@ def parts(model: Performer, B: int, T: int):
     """(name, calls per step, fn): fn runs one call's forward and backward."""
     cfg, blk = model.cfg, model.blocks[0]
     H, D, d, V = cfg.n_heads, cfg.d_head, cfg.d_model, cfg.vocab_size
-    att, dk, M = blk.attn, blk.attn.dk, cfg.n_features
+    att, dk = blk.attn, blk.attn.dk
     ids = torch.randint(0, V, (B, T + 1))
     spe = model.spe[0] if model.spe is not None else None
     out = []
@@ -185,7 +185,8 @@ def main() -> None:
     line = f"{'full step':<48}{'':>6}{g_all / 1e9:>8.1f}"
     line += "".join(f"{full[dt] * 1e3:>10.0f}{'100%':>7}{g_all / full[dt] / peaks[dt]:>8.0%}" for dt in totals)
     print(line)
-    print("tokens/s: " + ", ".join(f"{n} {B * T / full[dt]:,.0f}" for n, dt in (("fp32", torch.float32), ("bf16", torch.bfloat16))))
+    print("tokens/s: " + ", ".join(f"{n} {B * T / full[dt]:,.0f}"
+                                   for n, dt in (("fp32", torch.float32), ("bf16", torch.bfloat16))))
 
 
 if __name__ == "__main__":

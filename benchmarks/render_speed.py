@@ -54,11 +54,11 @@ def main() -> None:
         scores = [symusic.Score(str(f)) for f in files]
         music = sum(s.to("second").end() for s in scores)
         for font in fonts:
-            ours = best_of(args.repeats, lambda: [render(s, font) for s in scores])
+            ours = best_of(args.repeats, lambda font=font, scores=scores: [render(s, font) for s in scores])
             theirs = None
             if fluidsynth:
                 with tempfile.TemporaryDirectory() as tmp:
-                    def run_fluidsynth():
+                    def run_fluidsynth(files=files, font=font):
                         for f in files:
                             subprocess.run(["taskset", "-c", str(core), fluidsynth, "-ni", "-q", "-r",
                                             str(SAMPLE_RATE), "-F", f"{tmp}/out.wav", str(font), str(f)],

@@ -32,7 +32,7 @@ import torch
 from spemusic.checkpoint import load_model
 from spemusic.cli import _sampling_options
 from spemusic.data import open_dataset
-from spemusic.grammar import REMIGrammar, GrammarState
+from spemusic.grammar import GrammarState, REMIGrammar
 from spemusic.metrics import note_grid, sounding
 from spemusic.sampling import sample
 

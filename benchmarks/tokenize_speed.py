@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from spemusic.tokenizer import REMITokenizer  # noqa: E402
+from spemusic.tokenizer import REMITokenizer
 
 
 def bench_spemusic(files: list[Path]) -> dict:
@@ -85,10 +85,12 @@ def main() -> int:
     n = len(files)
     print(f"{n} files from {args.midi_dir}, one process")
     s = bench_spemusic(files)
-    print(f"spemusic REMI : {n / s['seconds']:8.1f} files/s  {s['tokens'] / s['seconds']:12,.0f} tokens/s  ({s['tokens']:,} tokens, {s['seconds']:.2f} s)")
+    print(f"spemusic REMI : {n / s['seconds']:8.1f} files/s  {s['tokens'] / s['seconds']:12,.0f} tokens/s  "
+          f"({s['tokens']:,} tokens, {s['seconds']:.2f} s)")
     tot = s["read"] + s["encode"]
     print(
-        f"  where the time goes: read+parse (open, symusic C++ parse, note arrays) {s['read']:.2f} s ({100 * s['read'] / tot:.0f}%), "
+        f"  where the time goes: read+parse (open, symusic C++ parse, note arrays) "
+        f"{s['read']:.2f} s ({100 * s['read'] / tot:.0f}%), "
         f"numpy encode {s['encode']:.2f} s ({100 * s['encode'] / tot:.0f}%); "
         f"{1000 * tot / n:.2f} ms per file"
     )
@@ -96,7 +98,8 @@ def main() -> int:
     if m is None:
         print("MidiTok REMI  : miditok is not installed (pip install miditok) -- no comparison")
         return 0
-    print(f"MidiTok {m['version']} REMI: {n / m['seconds']:8.1f} files/s  {m['tokens'] / m['seconds']:12,.0f} tokens/s  ({m['tokens']:,} tokens, {m['seconds']:.2f} s)")
+    print(f"MidiTok {m['version']} REMI: {n / m['seconds']:8.1f} files/s  {m['tokens'] / m['seconds']:12,.0f} tokens/s  "
+          f"({m['tokens']:,} tokens, {m['seconds']:.2f} s)")
     print(
         f"ratio spemusic/MidiTok: {m['seconds'] / s['seconds']:.1f}x files/s, "
         f"{(s['tokens'] / s['seconds']) / (m['tokens'] / m['seconds']):.1f}x tokens/s"

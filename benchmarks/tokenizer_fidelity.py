@@ -25,10 +25,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from spemusic.errors import MidiError  # noqa: E402
-from spemusic.grammar import REMIGrammar  # noqa: E402
-from spemusic.metrics import note_grid  # noqa: E402
-from spemusic.tokenizer import REMITokenizer, TokenizerConfig  # noqa: E402
+from spemusic.errors import MidiError
+from spemusic.grammar import REMIGrammar
+from spemusic.metrics import note_grid
+from spemusic.tokenizer import REMITokenizer, TokenizerConfig
 
 DATASETS = {"pop909": "*.mid", "groove": "**/*.mid"}
 
@@ -75,7 +75,8 @@ def report(tok: REMITokenizer, name: str, files: list[Path]) -> None:
         ("notes", f"{agg['notes']:,}"),
         ("tokens", f"{agg['tokens']:,}  ({agg['tokens'] / max(agg['files'], 1):,.0f} per file)"),
         ("tokens per bar", f"{agg['tokens'] / max(agg['bars'], 1):.1f}  ({agg['bars']:,} bars)"),
-        ("notes moved by quantisation", f"{agg['moved']:,} ({100 * agg['moved'] / n:.1f}%), max error {max_err_ticks:g} ticks = {max_err_steps:.3f} grid steps"),
+        ("notes moved by quantisation",
+         f"{agg['moved']:,} ({100 * agg['moved'] / n:.1f}%), max error {max_err_ticks:g} ticks = {max_err_steps:.3f} grid steps"),
         ("doublings kept (same onset/program/pitch)", f"{agg['dup']:,} ({100 * agg['dup'] / n:.2f}%)"),
         ("dropped notes", f"{agg['dropped']:,}"),
         ("clipped durations", f"{agg['clipped']:,} ({100 * agg['clipped'] / n:.3f}%) > {tok.config.max_duration_beats} beats"),
@@ -124,8 +125,8 @@ def beats_report(tok: REMITokenizer, pop: Path) -> None:
         ("tokens", f"{agg['tokens']:,}  ({agg['tokens'] / max(agg['files'], 1):,.0f} per file)"),
         ("chord tokens", f"{agg['chords']:,}"),
         ("round trip not idempotent (or not in the grammar)", f"{agg['not_idem']}"),
-        ("notes merged at decode by the MIDI-player rule", f"{agg['trimmed']:,} ({100 * agg['trimmed'] / max(agg['kept'], 1):.2f}%; "
-                                                            "kept with overlaps='layers')"),
+        ("notes merged at decode by the MIDI-player rule",
+         f"{agg['trimmed']:,} ({100 * agg['trimmed'] / max(agg['kept'], 1):.2f}%; kept with overlaps='layers')"),
         ("failures", f"{len(failures)}"),
         ("time", f"{time.perf_counter() - t0:.1f} s"),
     ]

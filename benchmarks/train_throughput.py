@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
 from spemusic import ModelConfig, Performer
+
 from revision import REPO, checkout, run_json  # (benchmarks/, the script's own folder)
 
 

@@ -2,7 +2,7 @@
 
 __version__ = "0.1.0"
 
-from .errors import MidiError, SpemusicError  # noqa: E402
+from .errors import MidiError, SpemusicError
 
 # the model and the tokenizer (torch, symusic) load on first use: the command line starts, and
 # handles Ctrl-C, before the heavy imports

@@ -192,7 +192,7 @@ class KVCache:
         self.length = need
         return self.k[:, :, :need], self.v[:, :, :need]
 
-    def clone(self) -> "KVCache":
+    def clone(self) -> KVCache:
         c = KVCache.__new__(KVCache)
         c.k, c.v, c.length = self.k.clone(), self.v.clone(), self.length
         return c

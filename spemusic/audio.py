@@ -2,8 +2,8 @@
 
 Chosen by measurement (``benchmarks/render_speed.py``, one core): it installs from PyPI with
 symusic, which spemusic already needs, while FluidSynth is a system package; it renders pop piano
-a little faster than FluidSynth's fast-render mode (71x against 58x real time with FluidR3_GM,
-127x against 100x with TimGM6mb) and drums 12-15x faster. FluidSynth is the more faithful player
+a little faster than FluidSynth's fast-render mode and drums many times faster (the benchmark
+prints both per SoundFont, as real-time factors). FluidSynth is the more faithful player
 (modulators, reverb, chorus, controllers); prestosynth plays no MIDI controllers, so the
 sustain pedal is applied here, before rendering, by holding notes until the pedal lifts."""
 

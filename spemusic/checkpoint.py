@@ -159,7 +159,8 @@ def validated_configs(weights: Path, meta: dict) -> tuple[ModelConfig, REMIToken
                             f"(~{need / 2**30:,.1f} GB); {free / 2**30:,.1f} GB are free")
     tokenizer = REMITokenizer(tok_cfg)
     if model_cfg.vocab_size != len(tokenizer):
-        raise SpemusicError(f"{weights}: model vocabulary ({model_cfg.vocab_size}) does not match its tokenizer ({len(tokenizer)})")
+        raise SpemusicError(f"{weights}: model vocabulary ({model_cfg.vocab_size}) does not match its tokenizer "
+                            f"({len(tokenizer)})")
     return model_cfg, tokenizer
 
 
@@ -177,7 +178,8 @@ def load_model(name_or_path: str | Path = "pop-piano", device: str | torch.devic
     except Exception as e:  # noqa: BLE001
         raise SpemusicError(f"{weights}: weights do not fit the model config ({first_problem(e)})") from None
     if unexpected or any(not _is_tied(model, k) for k in missing):
-        raise SpemusicError(f"{weights}: weights do not fit the model config (missing {sorted(missing)[:3]}, unexpected {sorted(unexpected)[:3]})")
+        raise SpemusicError(f"{weights}: weights do not fit the model config (missing {sorted(missing)[:3]}, "
+                            f"unexpected {sorted(unexpected)[:3]})")
     bad = next((k for k, v in model.state_dict().items() if v.is_floating_point() and not torch.isfinite(v).all()), None)
     if bad is not None:
         raise SpemusicError(f"{weights}: weights are not finite (NaN or infinity in {bad}): the run that saved them diverged")
@@ -252,7 +254,8 @@ def save_run_checkpoint(run_dir: Path, names: list[str], step: int, model: Perfo
                 os.fsync(fh.fileno())
     except Exception as e:  # noqa: BLE001 - torch and safetensors report a full disk in their own words
         shutil.rmtree(tmp, ignore_errors=True)
-        kept = f"`last` still points at {(run_dir / 'last').resolve().name}" if (run_dir / "last").exists() else "no checkpoint was kept"
+        kept = (f"`last` still points at {(run_dir / 'last').resolve().name}" if (run_dir / "last").exists()
+                else "no checkpoint was kept")
         if _disk_full(e, ckpt_root, model):
             raise SpemusicError(f"{ckpt_root}: no space left on device while saving step {step} (a checkpoint needs "
                                 f"~{_checkpoint_bytes(model) / 2**20:,.0f} MB); {kept}") from None

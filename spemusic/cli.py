@@ -10,7 +10,7 @@ import threading
 import time
 from enum import Enum
 from pathlib import Path
-from typing import List, Optional
+from typing import Optional
 
 import typer
 from rich.console import Console
@@ -54,7 +54,7 @@ class _LazyProgress(Progress):
     """A progress display that starts drawing at its first task, so that an error raised before
     (a bad path, say) is not preceded by an empty progress line."""
 
-    def __enter__(self) -> "_LazyProgress":
+    def __enter__(self) -> _LazyProgress:
         return self
 
     def add_task(self, *args, **kwargs):
@@ -101,7 +101,7 @@ CHORD_STRENGTH = 2.0
 TOP_P = 1.0
 BAR_TOP_P = 0.8
 # ...except for groove, whose continuations keep closer to their prompt's style with a nucleus of
-# 0.95 (16 prompts: last/first quarter similarity 0.86 against 0.81, first quarter 0.346 against 0.328)
+# 0.95 (the style similarity of both: benchmarks/music_metrics.py --only groove)
 MODEL_SAMPLING = {"groove": (0.95, 0.95)}
 TOP_P_HELP = "Nucleus sampling mass in (0, 1]; 1 turns it off. \\[default: 1; 0.95 for groove]"
 BAR_TOP_P_HELP = ("Nucleus mass at each bar line, where the model picks whether the meter changes and where the "
@@ -125,7 +125,7 @@ THREADS_HELP = "CPU threads \\[default: OMP_NUM_THREADS when set, else "
 
 # ----------------------------------------------------------------------------- tokenize / detokenize
 
-def _expand_inputs(inputs: List[Path], suffixes: set[str]) -> tuple[list[tuple[Path, Path]], bool]:
+def _expand_inputs(inputs: list[Path], suffixes: set[str]) -> tuple[list[tuple[Path, Path]], bool]:
     """(file, base folder) pairs; folders are searched recursively. Returns (pairs, folder_mode)."""
     from .files import check_input_file
 
@@ -198,7 +198,7 @@ def _convert_many(inputs, output, suffixes, new_suffix, convert, what: str, over
 
 @app.command()
 def tokenize(
-    inputs: List[Path] = typer.Argument(..., help="MIDI files or folders (searched recursively)."),
+    inputs: list[Path] = typer.Argument(..., help="MIDI files or folders (searched recursively)."),
     output: Optional[str] = typer.Option(None, "-o", "--output", help="Output .txt file, or folder (for several "
                                           "inputs, or a name ending in /). \\[default: the input's name with .txt, next to it]"),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace existing output files."),
@@ -250,7 +250,7 @@ def tokenize(
 
 @app.command()
 def show(
-    inputs: List[Path] = typer.Argument(..., help="MIDI files or folders (searched recursively)."),
+    inputs: list[Path] = typer.Argument(..., help="MIDI files or folders (searched recursively)."),
     output: Optional[str] = typer.Option(None, "-o", "--output", help="Output .png, .svg or .pdf, or a folder (for "
                                           "several inputs, or a name ending in /). \\[default: the input's name with "
                                           ".png, next to it]"),
@@ -285,7 +285,7 @@ def show(
 
 @app.command("render")
 def render_(
-    inputs: List[Path] = typer.Argument(..., help="MIDI files or folders (searched recursively)."),
+    inputs: list[Path] = typer.Argument(..., help="MIDI files or folders (searched recursively)."),
     output: Optional[str] = typer.Option(None, "-o", "--output", help="Output .wav, .flac, .ogg or .mp3, or a folder "
                                           "(for several inputs, or a name ending in /). \\[default: the input's name "
                                           "with .wav, next to it]"),
@@ -320,7 +320,7 @@ def render_(
 
 @app.command()
 def detokenize(
-    inputs: List[Path] = typer.Argument(..., help="Token files (.txt, one token per line) or folders."),
+    inputs: list[Path] = typer.Argument(..., help="Token files (.txt, one token per line) or folders."),
     output: Optional[str] = typer.Option(None, "-o", "--output", help="Output .mid file, or folder (for several "
                                           "inputs, or a name ending in /). \\[default: the input's name with .mid, next to it]"),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace existing output files."),
@@ -389,7 +389,7 @@ def data_prepare(
     spemusic data prepare ../shared/data/pop909 -o cache/pop909
 
     spemusic data prepare ../shared/data/pop909 -o cache/pop909-v2 --beats ../shared/data/pop909/beats --chords ../shared/data/pop909/chords
-    """
+    """  # noqa: E501 - typer prints the lines of a command's docstring as they are: one example a line
     from .data import prepare
 
     with _progress(TextColumn("[bold]tokenizing"), BarColumn(), MofNCompleteColumn(), TextColumn("files"),
@@ -412,7 +412,8 @@ def data_prepare(
     for what in ("beats", "chords"):
         if idx.get(what):
             out.print(f"{what}: {annotated.get(what, 0)} of {total_files} files annotated; "
-                      f"{total_files - annotated.get(what, 0)} without ({'their own meter' if what == 'beats' else 'no chord tokens'})")
+                      f"{total_files - annotated.get(what, 0)} without "
+                      f"({'their own meter' if what == 'beats' else 'no chord tokens'})")
     out.print(f"skipped files: {len(idx['skipped'])}; vocabulary coverage: {idx['vocab_used']} of "
               f"{idx['vocab_size']} tokens used ({100 * idx['vocab_used'] / idx['vocab_size']:.0f}%)")
     for s in idx["skipped"][:20]:
@@ -466,43 +467,65 @@ def train(
     data: Optional[Path] = typer.Argument(None, help="Folder of MIDI files, or a cache from `spemusic data prepare`."),
     preset: Optional[Preset] = typer.Option(None, rich_help_panel="Model", help="Model size. \\[default: small]"),
     pe: Optional[PE] = typer.Option(None, "--pe", rich_help_panel="Model", help="Positional encoding. \\[default: sinespe]"),
-    gated: Optional[bool] = typer.Option(None, "--gated/--no-gated", rich_help_panel="Model", help="Gated SPE. \\[default: gated]"),
-    attention: Optional[Attention] = typer.Option(None, rich_help_panel="Model", help="favor (linear) or softmax (quadratic baseline). \\[default: favor]"),
+    gated: Optional[bool] = typer.Option(None, "--gated/--no-gated", rich_help_panel="Model",
+                                         help="Gated SPE. \\[default: gated]"),
+    attention: Optional[Attention] = typer.Option(None, rich_help_panel="Model",
+                                                  help="favor (linear) or softmax (quadratic baseline). \\[default: favor]"),
     seq_len: Optional[int] = typer.Option(None, rich_help_panel="Data", help="Training window in tokens. \\[default: 1024]"),
-    batch_size: Optional[int] = typer.Option(None, rich_help_panel="Optimisation", help="Sequences per micro-batch, all processes together. \\[default: 8]"),
-    grad_accum: Optional[int] = typer.Option(None, rich_help_panel="Optimisation", help="Micro-batches per optimizer step. \\[default: 1]"),
+    batch_size: Optional[int] = typer.Option(None, rich_help_panel="Optimisation",
+                                             help="Sequences per micro-batch, all processes together. \\[default: 8]"),
+    grad_accum: Optional[int] = typer.Option(None, rich_help_panel="Optimisation",
+                                             help="Micro-batches per optimizer step. \\[default: 1]"),
     steps: Optional[int] = typer.Option(None, rich_help_panel="Optimisation", help="Optimizer steps."),
-    epochs: Optional[float] = typer.Option(None, rich_help_panel="Optimisation", help="Passes over the train split's tokens (instead of --steps)."),
+    epochs: Optional[float] = typer.Option(None, rich_help_panel="Optimisation",
+                                           help="Passes over the train split's tokens (instead of --steps)."),
     lr: Optional[float] = typer.Option(None, rich_help_panel="Optimisation", help="Peak learning rate. \\[default: 1e-3]"),
-    warmup: Optional[int] = typer.Option(None, rich_help_panel="Optimisation", help="Linear warmup steps, then cosine decay. \\[default: 100]"),
-    weight_decay: Optional[float] = typer.Option(None, rich_help_panel="Optimisation", help="AdamW weight decay. \\[default: 0.1]"),
-    feature_redraw: Optional[int] = typer.Option(None, rich_help_panel="Optimisation", help="Redraw FAVOR+ features every N steps (0: never). \\[default: 1000]"),
+    warmup: Optional[int] = typer.Option(None, rich_help_panel="Optimisation",
+                                         help="Linear warmup steps, then cosine decay. \\[default: 100]"),
+    weight_decay: Optional[float] = typer.Option(None, rich_help_panel="Optimisation",
+                                                 help="AdamW weight decay. \\[default: 0.1]"),
+    feature_redraw: Optional[int] = typer.Option(None, rich_help_panel="Optimisation",
+                                                 help="Redraw FAVOR+ features every N steps (0: never). \\[default: 1000]"),
     val_every: Optional[int] = typer.Option(None, rich_help_panel="Run", help="Validate every N steps. \\[default: 200]"),
     save_every: Optional[int] = typer.Option(None, rich_help_panel="Run", help="Save `last` every N steps. \\[default: 200]"),
-    log_every: Optional[int] = typer.Option(None, rich_help_panel="Run", help="Write metrics.jsonl every N steps. \\[default: 10]"),
+    log_every: Optional[int] = typer.Option(None, rich_help_panel="Run",
+                                            help="Write metrics.jsonl every N steps. \\[default: 10]"),
     device: Optional[str] = typer.Option(None, rich_help_panel="Run", help="auto, cpu or cuda. \\[default: auto]"),
-    precision: Optional[Precision] = typer.Option(None, rich_help_panel="Run", help="auto: bf16 on GPUs; on a CPU, measures fp32 and bf16 on this model and batch for a few steps and takes the faster. \\[default: auto]"),
-    compile: Optional[bool] = typer.Option(None, "--compile/--no-compile", rich_help_panel="Run", help="torch.compile the model. \\[default: no]"),
+    precision: Optional[Precision] = typer.Option(None, rich_help_panel="Run",
+                                                  help="auto: bf16 on GPUs; on a CPU, measures fp32 and bf16 on this model and "
+                                                       "batch for a few steps and takes the faster. \\[default: auto]"),
+    compile: Optional[bool] = typer.Option(None, "--compile/--no-compile", rich_help_panel="Run",
+                                           help="torch.compile the model. \\[default: no]"),
     checkpoint_activations: Optional[bool] = typer.Option(        None, "--checkpoint-activations/--no-checkpoint-activations",
         rich_help_panel="Run", help="Recompute each block's activations in the backward pass: much less memory for long "
              "sequences, about a third more compute. \\[default: no]"),
-    short_conv: Optional[int] = typer.Option(        None, "--short-conv", rich_help_panel="Model", help="Tokens each block's short causal convolution reaches back (0: none). "
-        "Added to an --init-from model that has none, or widened (farther taps at zero). \\[default: 4, or the --init-from model's]"),
+    short_conv: Optional[int] = typer.Option(None, "--short-conv", rich_help_panel="Model",
+                                             help="Tokens each block's short causal convolution reaches back (0: none). "
+                                                  "Added to an --init-from model that has none, or widened (farther taps at "
+                                                  "zero). \\[default: 4, or the --init-from model's]"),
     seed: Optional[int] = typer.Option(None, rich_help_panel="Optimisation", help="Random seed. \\[default: 0]"),
-    max_len: Optional[int] = typer.Option(None, "--max-len", rich_help_panel="Model", help="Longest sequence of an absolute PE (ape, "
-                                          "sinusoidal, axial) at generation/eval; SPE has no limit. \\[default: max(seq-len, 2048)]"),
-    init_from: Optional[str] = typer.Option(None, "--init-from", rich_help_panel="Model", help="Fine-tune: start from this model (a shipped "
-                                            "name or a checkpoint), with its size, PE and tokenizer."),
-    beats: Optional[Path] = typer.Option(None, "--beats", rich_help_panel="Data", help="Folder of beat annotations for a MIDI folder DATA "
-                                         "(as for `data prepare`): bars from their downbeats."),
-    chords: Optional[Path] = typer.Option(None, "--chords", rich_help_panel="Data", help="Folder of chord annotations for a MIDI folder DATA: "
-                                          "Chord tokens (a new model gets them in its vocabulary)."),
-    output: Optional[Path] = typer.Option(None, "-o", "--output", rich_help_panel="Run", help="Run folder: checkpoints, metrics.jsonl."),
-    config: Optional[Path] = typer.Option(None, "--config", rich_help_panel="Run", help="TOML file of training options (CLI options override it)."),
-    resume: Optional[Path] = typer.Option(None, "--resume", rich_help_panel="Run", help="Continue the run in this folder where it stopped."),
+    max_len: Optional[int] = typer.Option(None, "--max-len", rich_help_panel="Model",
+                                          help="Longest sequence of an absolute PE (ape, sinusoidal, axial) at "
+                                               "generation/eval; SPE has no limit. \\[default: max(seq-len, 2048)]"),
+    init_from: Optional[str] = typer.Option(None, "--init-from", rich_help_panel="Model",
+                                            help="Fine-tune: start from this model (a shipped name or a checkpoint), with "
+                                                 "its size, PE and tokenizer."),
+    beats: Optional[Path] = typer.Option(None, "--beats", rich_help_panel="Data",
+                                         help="Folder of beat annotations for a MIDI folder DATA (as for `data prepare`): "
+                                              "bars from their downbeats."),
+    chords: Optional[Path] = typer.Option(None, "--chords", rich_help_panel="Data",
+                                          help="Folder of chord annotations for a MIDI folder DATA: Chord tokens (a new "
+                                               "model gets them in its vocabulary)."),
+    output: Optional[Path] = typer.Option(None, "-o", "--output", rich_help_panel="Run",
+                                          help="Run folder: checkpoints, metrics.jsonl."),
+    config: Optional[Path] = typer.Option(None, "--config", rich_help_panel="Run",
+                                          help="TOML file of training options (CLI options override it)."),
+    resume: Optional[Path] = typer.Option(None, "--resume", rich_help_panel="Run",
+                                          help="Continue the run in this folder where it stopped."),
     threads: Optional[int] = typer.Option(None, "--threads", rich_help_panel="Run", help=THREADS_HELP + "all cores]"),
-    stop_after: Optional[int] = typer.Option(None, "--stop-after", rich_help_panel="Run", help="Stop after this many steps of this invocation "
-                                             "(the schedule still follows --steps; resume later)."),
+    stop_after: Optional[int] = typer.Option(None, "--stop-after", rich_help_panel="Run",
+                                             help="Stop after this many steps of this invocation (the schedule still "
+                                                  "follows --steps; resume later)."),
 ):
     """Train a Performer with SPE on MIDI files (CPU, GPU, or many GPUs with torchrun).
 
@@ -748,7 +771,8 @@ def _report(rows, result, seed, as_json, midis, prompt_bar_count: int, only_cont
                 f" ({prompt_bar_count} of the prompt, {new_bars} new)" if file_bars != new_bars else "")
             dropped = result.new_tokens - new_tokens if by_length else 0
             err.print(f"wrote {path}: {bars}, {notes} notes, {seconds:.1f} s of music, seed {seed} ({new_tokens} new "
-                      f"tokens at {tps:,.0f} tok/s" + (f"; {dropped} tokens of an unfinished last bar dropped" if dropped > 0 else "")
+                      f"tokens at {tps:,.0f} tok/s"
+                      + (f"; {dropped} tokens of an unfinished last bar dropped" if dropped > 0 else "")
                       + ")" + "".join(f"; {name} {escape(p)}" for name, p in written.items()), highlight=False)
         if new_bars == 0 or notes == 0:
             err.print(f"[yellow]warning:[/] {escape(str(path))}: no new notes: {result.new_tokens} tokens did not "
@@ -1171,7 +1195,7 @@ def models():
 
 @app.command("eval")
 def eval_(
-    args: List[str] = typer.Argument(..., help="MODEL \\[MODEL …] DATA: models (names or checkpoints) then a MIDI "
+    args: list[str] = typer.Argument(..., help="MODEL \\[MODEL …] DATA: models (names or checkpoints) then a MIDI "
                                      "folder or data cache; with --metrics: MIDI files or folders."),
     split: str = typer.Option("valid", help="train, valid, test, or all (a plain folder of MIDI files)."),
     max_len: int = typer.Option(2048, "--max-len", help="Score positions 0 … N of each piece."),
@@ -1262,7 +1286,7 @@ def eval_(
         err.print(f"wrote {plot}")
 
 
-def _eval_metrics(args: List[str], reference: Optional[Path], json_path: Optional[Path]) -> None:
+def _eval_metrics(args: list[str], reference: Optional[Path], json_path: Optional[Path]) -> None:
     from .metrics import collection_summary
     from .tokenizer import REMITokenizer, TokenizerConfig
 

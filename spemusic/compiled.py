@@ -17,11 +17,11 @@ import functools
 import os
 import shutil
 import warnings
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
-_REGIONS: dict[Callable, "_CompiledOrEager"] = {}
+_REGIONS: dict[Callable, _CompiledOrEager] = {}
 _failure: str | None = None  # why compiling failed in this process, once it has
 
 
@@ -58,7 +58,7 @@ class _CompiledOrEager:
         if unavailable() is None:  # (a failure so far is one of the reasons)
             try:
                 return self.compiled(*args, **kwargs)
-            except Exception as e:  # inductor's errors share no base class
+            except Exception as e:  # noqa: BLE001 - inductor's errors share no base class
                 first = str(e).strip().splitlines()[0][:120] if str(e).strip() else ""
                 _failure = f"torch.compile failed ({type(e).__name__}: {first}); the step runs uncompiled"
                 warnings.warn(_failure, stacklevel=2)

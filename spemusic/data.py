@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import csv
 import hashlib
-import json
 import io
+import json
 import os
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
@@ -133,7 +133,7 @@ class TokenCache:
         return [self.tokens[f["offset"]: f["offset"] + f["length"]] for f in self.files(split)]
 
     @classmethod
-    def load(cls, path: Path) -> "TokenCache":
+    def load(cls, path: Path) -> TokenCache:
         path = Path(path)
         index_path = path / "index.json"
         if not index_path.is_file():
@@ -401,7 +401,7 @@ def fixed_windows(cache: TokenCache, split: str, seq_len: int, max_windows: int 
     return np.stack([windows[i] for i in np.unique(picks)])
 
 
-def trained_vocabulary(cache: "TokenCache", max_transpose: int) -> list[int]:
+def trained_vocabulary(cache: TokenCache, max_transpose: int) -> list[int]:
     """The token ids a model trained on the cache's train split sees: those its songs hold, with
     the pitches and chord roots the transpositions of the sampler (up to ±max_transpose
     semitones) reach. The sampler keeps to these (a token never seen in training still gets a

@@ -148,8 +148,9 @@ def plot_reports(reports: list[NLLReport], path: Path) -> None:
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    from .files import write_atomically
     import io
+
+    from .files import write_atomically
 
     buf = io.BytesIO()
     fig.savefig(buf, format=plot_format(path), dpi=120)

@@ -32,8 +32,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .tokenizer import (BAR, BOS, CHORD, DURATION, EOS, PAD, PITCH, POSITION, PROGRAM, TEMPO, TIMESIG,
-                        VELOCITY, REMITokenizer)
+from .tokenizer import BAR, BOS, CHORD, DURATION, EOS, PAD, PITCH, POSITION, PROGRAM, TEMPO, TIMESIG, VELOCITY, REMITokenizer
 
 # GrammarState.last is the kind of the last token (the tokenizer's kinds), or one of these
 START = -1            # no token yet

@@ -54,7 +54,8 @@ _PRESETS = {
     "tiny": dict(n_layers=2, d_model=64, n_heads=4, d_ff=128, n_realizations=16, n_features=32,
                  n_sines=3, kernel_size=16, chunk_size=64, short_conv=4),
     "small": dict(n_layers=6, d_model=256, n_heads=8, d_ff=1024, n_realizations=64, n_features=64,
-                  n_sines=5, kernel_size=64, chunk_size=64, short_conv=4),  # chunk 64: ~5% faster training than 128 on CPU
+                  # chunk 64: faster training than 128 on CPU (benchmarks/train_throughput.py)
+                  n_sines=5, kernel_size=64, chunk_size=64, short_conv=4),
     "paper": dict(n_layers=24, d_model=512, n_heads=8, d_ff=2048, n_realizations=64, n_features=128,
                   n_sines=5, kernel_size=128, short_conv=4),
 }
@@ -142,7 +143,7 @@ class ModelConfig:
         return self.pe in ABSOLUTE_PE_OPTIONS
 
     @classmethod
-    def preset(cls, name: str, **overrides) -> "ModelConfig":
+    def preset(cls, name: str, **overrides) -> ModelConfig:
         if name not in _PRESETS:
             raise SpemusicError(f"unknown model preset {name!r}; choose one of {', '.join(_PRESETS)}")
         kw = dict(_PRESETS[name])
@@ -155,7 +156,7 @@ class ModelConfig:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict) -> "ModelConfig":
+    def from_dict(cls, d: dict) -> ModelConfig:
         if not isinstance(d, dict):
             raise SpemusicError("model config must be a mapping")
         known = {f.name for f in fields(cls)}
@@ -282,8 +283,9 @@ def short_conv(x: torch.Tensor, weight: torch.Tensor, past: torch.Tensor | None 
     """Causal depthwise convolution over the previous tokens: y_t = Σ_j weight[j-1] ⊙ x_{t-j},
     j = 1 … K (x (B, T, d), weight (K, d)); the token itself is left to the residual path.
     `past`: the K inputs before x (B, K, d), oldest first (zeros: the start of a sequence).
-    Shifted views of one padded copy, added out of place (twice as fast as in-place slice adds,
-    which autograd turns into copies, and as fast as a depthwise conv1d without its transposes)."""
+    Shifted views of one padded copy, added out of place (faster than in-place slice adds, which
+    autograd turns into copies, and as fast as a depthwise conv1d without its transposes;
+    benchmarks/profile_step.py times it in the training step)."""
     K, T = weight.shape[0], x.shape[1]
     xp = F.pad(x, (0, 0, K, 0)) if past is None else torch.cat((past.to(x.dtype), x), 1)
     w = weight.to(x.dtype)

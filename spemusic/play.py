@@ -25,7 +25,8 @@ DRUM_CHANNEL = 9
 AUDIO_GAIN = 0.6  # a live stream cannot be normalised afterwards: a fixed gain, then a soft limiter
 
 
-# bars rendered by one synthesizer: its voice cache grew pop-piano's memory by 77 MiB over 240 bars
+# bars rendered by one synthesizer: its voice cache grows with every bar (the memory over 240 bars:
+# benchmarks/play_margin.py)
 SYNTH_RENEWAL = 32
 
 

@@ -72,11 +72,11 @@ class State:
     plan: StepPlan = field(default=None, repr=False)  # set by Performer.prime / init_state
     histories: list = field(default_factory=list)  # per layer, its last K inputs (B, K, d) newest first (short_conv)
 
-    def clone(self) -> "State":
+    def clone(self) -> State:
         return State(
             position=self.position,
             batch_size=self.batch_size,
-            layers=[l.clone() for l in self.layers],
+            layers=[layer.clone() for layer in self.layers],
             pe=[p.clone() for p in self.pe],
             plan=self.plan,
             histories=[h.clone() for h in self.histories],
@@ -84,8 +84,8 @@ class State:
 
     def nbytes(self) -> int:
         n = 0
-        for l in self.layers:
-            n += l.nbytes() if isinstance(l, KVCache) else l.numel() * l.element_size()
+        for layer in self.layers:
+            n += layer.nbytes() if isinstance(layer, KVCache) else layer.numel() * layer.element_size()
         n += sum(p.nbytes() for p in self.pe)
         return n + sum(h.numel() * h.element_size() for h in self.histories)
 

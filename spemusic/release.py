@@ -79,7 +79,7 @@ Reproduce the model:
 {command}
 python -m spemusic.release RUN_DIR/best checkpoints/{name} --name {name} --data {data} --credit "{credit}"{annotations}
 ```
-"""
+"""  # noqa: E501 - a row of the card's table is one line
     (dest / "README.md").write_text(card)
     return {"mean_nll": report.mean_nll, "within": within, "beyond": beyond, "eval_len": eval_len}
 

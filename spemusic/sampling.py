@@ -145,7 +145,8 @@ def chord_ids(tokenizer: REMITokenizer, names: list[str]) -> list[int]:
     return [tokenizer.token_to_id[f"Chord_{n}"] for n in names]
 
 
-def opening_tokens(tokenizer: REMITokenizer, meter: str | None = None, tempo: float | None = None) -> tuple[int | None, int | None]:
+def opening_tokens(tokenizer: REMITokenizer, meter: str | None = None,
+                   tempo: float | None = None) -> tuple[int | None, int | None]:
     """Token ids of an opening time signature ("3/4") and tempo (BPM) asked for a piece from
     scratch; a value the vocabulary lacks is an error that says what exists."""
     meter_id = tempo_id = None
@@ -205,10 +206,9 @@ def canonical(ids: np.ndarray, tokenizer: REMITokenizer) -> np.ndarray:
 
 
 def auto_step_dtype(device, batch: int) -> torch.dtype:
-    """Half-precision step weights: fp16 (NLL within 1e-5 nats of fp32 on the shipped models,
-    benchmarks/step_precision.py), or bf16 from batch 8 on a CPU with native bf16 (there its
-    matrix products beat fp16's: 1,694–1,752 vs 1,511–1,524 tokens/s at batch 8 on this project's 2-core
-    AVX512-BF16 machine; NLL within 1e-4 nats)."""
+    """Half-precision step weights: fp16, or bf16 from batch 8 on a CPU with native bf16, where its
+    matrix products beat fp16's. What each changes in the NLL against fp32 on the shipped models:
+    benchmarks/step_precision.py; the tokens/s at batch 1 and 8: benchmarks/generate_long.py."""
     if torch.device(device).type == "cpu" and batch >= 8 and cpu_has_fast_bf16():
         return torch.bfloat16
     return torch.float16

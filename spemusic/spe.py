@@ -87,7 +87,7 @@ class SPE(nn.Module):
     def draw(self, seed: tuple[int, ...] | None = None, device=None):
         raise NotImplementedError
 
-    def context(self, code, start: int, T: int, device=None) -> "SineContext | ConvContext":
+    def context(self, code, start: int, T: int, device=None) -> SineContext | ConvContext:
         """What every layer's filter needs for positions start..start+T."""
         raise NotImplementedError
 
@@ -115,7 +115,7 @@ class SineCode:
     z: torch.Tensor
     eps: torch.Tensor
 
-    def to(self, device) -> "SineCode":
+    def to(self, device) -> SineCode:
         self.z, self.eps = self.z.to(device), self.eps.to(device)
         return self
 
@@ -184,7 +184,7 @@ class SineSPE(SPE):
         return self.gains.repeat_interleave(2, dim=-1)
 
     @torch.no_grad()
-    def stream_init(self, code: SineCode, start: int = 0, device=None) -> "SineStepTables":
+    def stream_init(self, code: SineCode, start: int = 0, device=None) -> SineStepTables:
         """Constants for the code at one position at a time (generation): one sin call gives
         every feature (cos x = sin(x + π/2)), the gains are folded into Z, and every table has
         the full (H, D, 2, K, 2) shape (broadcasting small tensors costs more than the arithmetic)."""
@@ -197,7 +197,7 @@ class SineSPE(SPE):
         z = code.z.view(H, D, K, 2, self.R) * self.gains[..., None, None]
         return SineStepTables(f2pi, offs, z.view(H * D, 2 * K, self.R))
 
-    def code_at(self, code: SineCode, tables: "SineStepTables", t: int) -> torch.Tensor:
+    def code_at(self, code: SineCode, tables: SineStepTables, t: int) -> torch.Tensor:
         """Codes [Q̄_t; K̄_t] at position t alone: (2, H, D, R) (a permuted view); the code is
         closed-form in t, so the tables do not change."""
         H, D, _, K, _ = tables.offs.shape
@@ -205,7 +205,7 @@ class SineSPE(SPE):
         qk = torch.bmm(f.view(H * D, 2, 2 * K), tables.z)  # (H·D, 2, R)
         return qk.view(H, D, 2, -1).permute(2, 0, 1, 3)
 
-    def context(self, code: SineCode, start: int, T: int, device=None) -> "SineContext":
+    def context(self, code: SineCode, start: int, T: int, device=None) -> SineContext:
         fq, fk = self.features(torch.arange(start, start + T, dtype=torch.float64))
         z_rows = torch.cat((code.z, code.eps[:, :, None]), 2).transpose(1, 2).reshape(self.n_heads, -1, self.R)
         return SineContext(a_q=fq, a_k=fk, z=code.z, eps=code.eps, gains=self.feature_gains(), z_rows=z_rows)
@@ -219,7 +219,7 @@ class SineStepTables:
     offs: torch.Tensor  # (H, D, 2, K, 2) float64 phase offsets
     z: torch.Tensor  # (H·D, 2K, R) the code's Z times the gains
 
-    def clone(self) -> "SineStepTables":
+    def clone(self) -> SineStepTables:
         return self  # never written
 
     def nbytes(self) -> int:
@@ -266,7 +266,7 @@ class ConvCode:
     eps: torch.Tensor
     noise_cache: dict = field(default_factory=dict)
 
-    def to(self, device) -> "ConvCode":
+    def to(self, device) -> ConvCode:
         if self.eps.device != torch.device(device):
             self.eps = self.eps.to(device)
             self.noise_cache.clear()
@@ -327,7 +327,7 @@ class ConvSPE(SPE):
         out = out[:, L - 1:L - 1 + T]
         return out[0], out[1]
 
-    def context(self, code: ConvCode, start: int, T: int, device=None) -> "ConvContext":
+    def context(self, code: ConvCode, start: int, T: int, device=None) -> ConvContext:
         dev = device if device is not None else self.filters.device
         z = self.noise(code, start - self.L + 1, start + T, dev)
         qbar, kbar = self.codes_from_noise(z, T)
@@ -346,7 +346,7 @@ class ConvSPE(SPE):
         return torch.stack(out)
 
     # ---- streaming ----
-    def stream_init(self, code: ConvCode, start: int, device) -> "ConvStream":
+    def stream_init(self, code: ConvCode, start: int, device) -> ConvStream:
         """Ring buffer holding the noise at positions start-L .. start-1 (slot p % L)."""
         L = self.L
         z = self.noise(code, start - L, start, device)  # (L, H, D, R)
@@ -356,7 +356,7 @@ class ConvSPE(SPE):
         buf[:, slots] = z.reshape(L, HD, self.R).transpose(0, 1)
         return ConvStream(buf=buf)
 
-    def code_at(self, code: ConvCode, stream: "ConvStream", t: int) -> torch.Tensor:
+    def code_at(self, code: ConvCode, stream: ConvStream, t: int) -> torch.Tensor:
         """Codes [Q̄_t; K̄_t] at position t alone: (2, H, D, R); pushes Z_t into the ring buffer."""
         L, H, D, R = self.L, self.n_heads, self.d_head, self.R
         dev = stream.buf.device
@@ -376,7 +376,7 @@ class ConvStream:
     buf: torch.Tensor  # (H*D, L, R) ring buffer of noise samples
     lag_index: torch.Tensor | None = None
 
-    def clone(self) -> "ConvStream":
+    def clone(self) -> ConvStream:
         return ConvStream(buf=self.buf.clone(), lag_index=self.lag_index)
 
     def nbytes(self) -> int:

@@ -96,9 +96,10 @@ import json
 import math
 import os
 import re
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, fields
 from fractions import Fraction
-from typing import Any, Iterable
+from typing import Any
 
 import numpy as np
 import symusic
@@ -235,7 +236,7 @@ class TokenizerConfig:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict) -> "TokenizerConfig":
+    def from_dict(cls, d: dict) -> TokenizerConfig:
         if not isinstance(d, dict):
             raise ConfigError("tokenizer config must be a mapping")
         known = {f.name for f in fields(cls)}
@@ -282,7 +283,7 @@ def _gm_names() -> list[str]:
         from pretty_midi.constants import INSTRUMENT_MAP
 
         return list(INSTRUMENT_MAP)
-    except Exception:  # pragma: no cover - pretty_midi is a dependency
+    except Exception:  # noqa: BLE001  # pragma: no cover - pretty_midi is a dependency
         return [f"Program {p}" for p in range(128)]
 
 
@@ -481,7 +482,7 @@ class REMITokenizer:
         self.bar_lengths = np.array([n * 4 * res // d for n, d in self.time_signatures], dtype=np.int64)
         self._ts_index = {ts: i for i, ts in enumerate(self.time_signatures)}
         by_len: dict[int, int] = {}
-        for i, (n, d) in enumerate(self.time_signatures):  # prefer the simplest (first listed ... quarter-based)
+        for i, (_n, d) in enumerate(self.time_signatures):  # prefer the simplest (first listed ... quarter-based)
             L = int(self.bar_lengths[i])
             if L not in by_len or d == 4:
                 by_len[L] = i
@@ -608,7 +609,7 @@ class REMITokenizer:
         x = np.nan_to_num(x, nan=0.0, posinf=self.config.num_tempo_bins - 1, neginf=0.0)
         return np.clip(x, 0, self.config.num_tempo_bins - 1).astype(np.int64)
 
-    @functools.lru_cache(maxsize=256)
+    @functools.lru_cache(maxsize=256)  # noqa: B019 - keeps at most 256 (tokenizer, signature) entries alive
     def map_time_signature(self, numerator: int, denominator: int) -> int:
         """Index into config.time_signatures of the allowed TS used for numerator/denominator."""
         ts = (int(numerator), int(denominator))
@@ -643,7 +644,8 @@ class REMITokenizer:
             p.warnings = []
             return p
         else:
-            raise TypeError(f"cannot encode a {type(midi).__name__}; pass a path, bytes, a miditoolkit.MidiFile or a symusic.Score")
+            raise TypeError(f"cannot encode a {type(midi).__name__}; pass a path, bytes, a miditoolkit.MidiFile "
+                            "or a symusic.Score")
         p = self._from_score(score, name)
         p.warnings = warnings
         return p
@@ -662,7 +664,7 @@ class REMITokenizer:
         data, notes = _skip_short_meta(data)
         try:
             score = symusic.Score.from_midi(data)
-        except Exception as e:  # symusic raises RuntimeError/ValueError with a C++ message
+        except Exception as e:  # noqa: BLE001 - symusic raises RuntimeError/ValueError with a C++ message
             raise MidiError(f"{name}: corrupt MIDI file ({_one_line(e)})") from None
         return score, notes + _policy(score)
 
@@ -751,7 +753,8 @@ class REMITokenizer:
         max_onset_error_ticks (in the file's ticks), ticks_per_beat, bars,
         tokens, ts_changes_moved (off-bar changes moved to a bar line),
         tempos_clipped (tempo events outside tempo_min..tempo_max), chord_changes (Chord tokens
-        written), warnings (what the reader policy skipped or clipped, as sentences); with beats: beat_bars (bars by the annotation), max_onset_error_beats and
+        written), warnings (what the reader policy skipped or clipped, as sentences); with beats:
+        beat_bars (bars by the annotation), max_onset_error_beats and
         max_onset_error_seconds (a note's onset on the grid against the original, in beats and
         in seconds; max_onset_error_ticks is then in beat_resolution * 40 ticks per beat).
         """

@@ -110,7 +110,7 @@ class TrainConfig:
                               "SPE has no such limit", n=self.seq_len, limit=self.max_len, kind=self.pe)
 
     @classmethod
-    def from_dict(cls, d: dict, source: str = "") -> "TrainConfig":
+    def from_dict(cls, d: dict, source: str = "") -> TrainConfig:
         """Options from a TOML file (``source``), the command line or a run's record, type-checked:
         TOML has its own types, and a quoted number or a float step count must not reach training."""
         where = f" in {source}" if source else ""
@@ -239,8 +239,8 @@ def _warnings(cfg: TrainConfig, cache, has_valid: bool) -> list[OptionWarning]:
 
 def activation_bytes_per_token(cfg: ModelConfig, checkpoint_activations: bool = False) -> int:
     """A rough upper estimate of the training step's memory per token of a micro-batch: each
-    layer keeps ~16 d_model, 3 d_ff and 4 heads x features floats for the backward pass (the small
-    preset at 4,096 tokens a step: estimated 0.9 GB, measured ~1.1 GB above the runtime's own)."""
+    layer keeps ~16 d_model, 3 d_ff and 4 heads x features floats for the backward pass (checked
+    against the training step's peak memory that benchmarks/attention.py measures)."""
     per_layer = 16 * cfg.d_model + 3 * cfg.d_ff + 4 * cfg.n_heads * cfg.n_features
     layers = 1 if checkpoint_activations else cfg.n_layers
     return 4 * (per_layer * layers + 3 * cfg.vocab_size)
@@ -339,7 +339,7 @@ class Run:
 
 
 def resolve_run(cfg: TrainConfig | dict, run_dir: str | Path, resume: bool = False, is_main: bool = True,
-                events: "TrainEvents | None" = None) -> Run:
+                events: TrainEvents | None = None) -> Run:
     """The run `train` trains, with every rule of resuming. A fresh run takes `cfg` and a folder
     that holds no run. A resumed run keeps the options of its record: `cfg` holds the options given
     again, of which only `steps` applies (to grow the run). On the main process, a resumed run's
@@ -362,7 +362,7 @@ def resolve_run(cfg: TrainConfig | dict, run_dir: str | Path, resume: bool = Fal
     return Run(cfg, run_dir)
 
 
-def _resolve_resumed(given: TrainConfig | dict, run_dir: Path, is_main: bool, events: "TrainEvents") -> Run:
+def _resolve_resumed(given: TrainConfig | dict, run_dir: Path, is_main: bool, events: TrainEvents) -> Run:
     if isinstance(given, TrainConfig):  # the options set, as a dict of those given would hold
         given = {f.name: getattr(given, f.name) for f in fields(given) if getattr(given, f.name) != f.default}
     ignored = [name for name in given if name != "steps"]
@@ -553,7 +553,7 @@ def restore_trainer_state(run: Run, state: RunState, optimizer, scheduler, devic
     state.tokens, state.elapsed_before = int(saved["tokens"]), float(saved["elapsed"])
 
 
-def _drop_records_after(run_dir: Path, step: int, events: "TrainEvents") -> None:
+def _drop_records_after(run_dir: Path, step: int, events: TrainEvents) -> None:
     """metrics.jsonl without the records written after the checkpoint (by the run that stopped):
     they are written again."""
     metrics = run_dir / "metrics.jsonl"

@@ -109,7 +109,8 @@ def tiny_checkpoint(tmp_path_factory) -> Path:
     tok = REMITokenizer()
     model = Performer(ModelConfig.preset("tiny", vocab_size=len(tok), pe="sinespe", gated=True))
     folder = tmp_path_factory.mktemp("tiny-model")
-    write_weights(folder / WEIGHTS, model, tok.config, {"seq_len": 256, "data": "random init", "parameters": model.num_parameters()})
+    write_weights(folder / WEIGHTS, model, tok.config,
+                  {"seq_len": 256, "data": "random init", "parameters": model.num_parameters()})
     return folder
 
 

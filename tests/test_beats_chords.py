@@ -8,9 +8,8 @@ import miditoolkit
 import numpy as np
 import pytest
 
-from spemusic.beats import parse_beats
 from spemusic.chords import CHORD_NAMES, parse_chord, parse_chords
-from spemusic.data import TokenCache, WindowSampler, prepare
+from spemusic.data import WindowSampler, prepare
 from spemusic.errors import MidiError, SpemusicError
 from spemusic.grammar import REMIGrammar
 from spemusic.metrics import chord_match, note_grid, summary

@@ -87,7 +87,8 @@ def test_generate_is_deterministic(run_cli, tiny_checkpoint, tmp_path):
     args = ["generate", "--model", tiny_checkpoint, "--length", 300, "--seed", 7]
     assert run_cli(*args, "-o", tmp_path / "a.mid")[0] == 0
     assert run_cli(*args, "-o", tmp_path / "b.mid")[0] == 0
-    code, out, _ = run_cli("generate", "--model", tiny_checkpoint, "--length", 300, "--seed", 8, "-o", tmp_path / "c.mid", "--json")
+    code, out, _ = run_cli("generate", "--model", tiny_checkpoint, "--length", 300, "--seed", 8, "-o", tmp_path / "c.mid",
+                           "--json")
     assert code == 0
     assert (tmp_path / "a.mid").read_bytes() == (tmp_path / "b.mid").read_bytes()
     assert (tmp_path / "a.mid").read_bytes() != (tmp_path / "c.mid").read_bytes()
@@ -107,8 +108,8 @@ def test_generate_precision_option(run_cli, tiny_checkpoint, tmp_path):
 
 
 def test_auto_step_precision():
-    from spemusic.sampling import auto_step_dtype
     from spemusic.device import cpu_has_fast_bf16
+    from spemusic.sampling import auto_step_dtype
 
     assert auto_step_dtype("cpu", 1) == auto_step_dtype("cpu", 4) == torch.float16
     assert auto_step_dtype("cpu", 8) == (torch.bfloat16 if cpu_has_fast_bf16() else torch.float16)

@@ -14,14 +14,14 @@ import pytest
 
 from spemusic.tokenizer import REMITokenizer
 
-
 # ----------------------------------------------------------------------------- raw MIDI bytes
 
 def _load_fuzz():
     """benchmarks/fuzz_midi.py: its raw-MIDI builders and its odd files, shared with these tests."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("fuzz_midi", Path(__file__).resolve().parents[1] / "benchmarks" / "fuzz_midi.py")
+    spec = importlib.util.spec_from_file_location("fuzz_midi",
+                                                  Path(__file__).resolve().parents[1] / "benchmarks" / "fuzz_midi.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

@@ -82,7 +82,8 @@ def test_broken_metadata_and_weights(run_cli, tiny_checkpoint, tmp_path):
     cases["shape"] = dict(tensors={**weights, name: weights[name][:, :3].contiguous()})
     cases["nan"] = dict(tensors={**weights, name: torch.full_like(weights[name], float("nan"))})
     expected = {"notjson": "broken spemusic checkpoint metadata", "list": "info is not a mapping",
-                "shape": f"weights do not fit the model config (size mismatch for {name}", "nan": f"not finite (NaN or infinity in {name})"}
+                "shape": f"weights do not fit the model config (size mismatch for {name}",
+                "nan": f"not finite (NaN or infinity in {name})"}
     for case, kw in cases.items():
         ck = _rewrite(tiny_checkpoint, tmp_path / case, **kw)
         code, _, err = run_cli("generate", "--model", ck, "--length", 16, "-o", tmp_path / "x.mid")

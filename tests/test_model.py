@@ -589,7 +589,7 @@ def test_activation_checkpointing_gives_the_same_gradients(pe):
         torch.manual_seed(1)  # the same SPE draw in both runs
         kept = {}
 
-        def pack(t):
+        def pack(t, kept=kept):
             kept[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
             return t
 

@@ -7,9 +7,9 @@ import pytest
 import symusic
 
 pytest.importorskip("matplotlib")
-from matplotlib.image import imread  # noqa: E402
+from matplotlib.image import imread
 
-from spemusic.pianoroll import CONTINUATION_MARKER, bar_grid  # noqa: E402
+from spemusic.pianoroll import CONTINUATION_MARKER, bar_grid
 
 CHORD = [(0, False, p, 0, 960, 90) for p in (60, 64, 67)]
 

@@ -118,8 +118,10 @@ def check_file(path) -> dict:
     # time signature in force at each onset (mapped to the allowed set)
     default_ts = TOK.map_time_signature(4, 4)
     os_, ds_ = orig.time_signatures.numpy(), dec.time_signatures.numpy()
-    o_ts = in_force(to_step(os_["time"], tpq), [TOK.map_time_signature(n, d) for n, d in zip(os_["numerator"], os_["denominator"])], default_ts, q[oo])
-    d_ts = in_force(ds_["time"] // OUT_K, [TOK.map_time_signature(n, d) for n, d in zip(ds_["numerator"], ds_["denominator"])], default_ts, d_q[do])
+    o_ts = in_force(to_step(os_["time"], tpq),
+                    [TOK.map_time_signature(n, d) for n, d in zip(os_["numerator"], os_["denominator"])], default_ts, q[oo])
+    d_ts = in_force(ds_["time"] // OUT_K,
+                    [TOK.map_time_signature(n, d) for n, d in zip(ds_["numerator"], ds_["denominator"])], default_ts, d_q[do])
     r["ts_mismatch"] = int((o_ts != d_ts).sum())
     if r["ts_mismatch"] and not st["ts_changes_moved"] and not _has_short_bar(orig):
         prob.append("time signature differs")
@@ -345,7 +347,8 @@ def test_time_signatures_and_change(midi_factory):
     pos = [[int(t.split("_")[1]) for t in b if t.startswith("Position")] for b in bars]
     assert pos == [[0, 12, 24], [0, 30], [0, 36], [0, 36], [0, 36]]
     dec = TOK.decode(ids)
-    assert [(t.numerator, t.denominator, t.time) for t in dec.time_signature_changes] == [(3, 4, 0), (7, 8, 6 * 480), (4, 4, 13 * 480)]
+    assert ([(t.numerator, t.denominator, t.time) for t in dec.time_signature_changes]
+            == [(3, 4, 0), (7, 8, 6 * 480), (4, 4, 13 * 480)])
     assert sorted(n.start for n in dec.instruments[0].notes) == [int(b * 480) for b in onsets]
     round_trip_ok(ids)
 
@@ -410,7 +413,8 @@ def test_programs_and_drums(midi_factory):
     first = toks[toks.index("Position_0") + 2 :]
     first = first[: first.index("Position_6")]
     progs = [(t, first[j + 1]) for j, t in enumerate(first) if t.startswith("Program")]
-    assert progs == [("Program_0", "Pitch_60"), ("Program_0", "Pitch_64"), ("Program_33", "Pitch_40"), ("Program_drums", "Pitch_36"), ("Program_drums", "Pitch_42")]
+    assert progs == [("Program_0", "Pitch_60"), ("Program_0", "Pitch_64"), ("Program_33", "Pitch_40"),
+                     ("Program_drums", "Pitch_36"), ("Program_drums", "Pitch_42")]
     for j, t in enumerate(toks):  # drums carry no duration, others do
         if t == "Program_drums":
             assert toks[j + 3].startswith(("Program", "Position", "Bar", "EOS"))

@@ -114,7 +114,8 @@ def test_resume_is_exact(run_cli, pop_cache, tmp_path, monkeypatch):
         assert torch.equal(a[k], b[k]), f"{k} differs after resume"
     once = (tmp_path / "once" / "metrics.jsonl").read_text()
     split = (tmp_path / "split" / "metrics.jsonl").read_text()
-    strip = lambda text: [{k: v for k, v in json.loads(l).items() if k != "tokens_per_s"} for l in text.splitlines()]  # noqa: E731
+    strip = lambda text: [{k: v for k, v in json.loads(line).items() if k != "tokens_per_s"}  # noqa: E731
+                          for line in text.splitlines()]
     assert strip(once) == strip(split)
     # run folders in $SPEMUSIC_CHECKPOINTS are models by name (their best, else last)
     monkeypatch.setenv("SPEMUSIC_CHECKPOINTS", str(tmp_path))
@@ -160,7 +161,7 @@ def test_torchrun_two_processes_match_one(pop_cache, tmp_path, run_cli):
     assert ddp.returncode == 0, ddp.stderr[-3000:]
     code, _, err = run_cli("train", pop_cache, "-o", tmp_path / "single", *args)
     assert code == 0, err
-    load = lambda d: [json.loads(l) for l in (tmp_path / d / "metrics.jsonl").read_text().splitlines()]  # noqa: E731
+    load = lambda d: [json.loads(line) for line in (tmp_path / d / "metrics.jsonl").read_text().splitlines()]  # noqa: E731
     ddp_m, one_m = load("ddp"), load("single")
     assert [m["step"] for m in ddp_m] == [m["step"] for m in one_m] == [4, 8, 12]
     for a, b in zip(ddp_m, one_m):
@@ -309,8 +310,8 @@ def test_fine_tune_adds_a_short_convolution(run_cli, pop_cache, tmp_path):
 
 
 def test_auto_precision_measures_and_keeps_the_random_stream():
-    from spemusic.model import ModelConfig
     from spemusic.device import measure_precisions, pick_dtype
+    from spemusic.model import ModelConfig
 
     cfg = ModelConfig.preset("tiny", vocab_size=60)
     torch.manual_seed(5)
