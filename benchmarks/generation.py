@@ -34,6 +34,7 @@ import torch
 import torch.nn.functional as F
 
 from spemusic.model import ModelConfig, Performer
+
 from revision import REPO, checkout, run_json  # (benchmarks/, the script's own folder)
 
 VOCAB = 400

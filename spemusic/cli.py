@@ -10,7 +10,6 @@ import threading
 import time
 from enum import Enum
 from pathlib import Path
-from typing import Optional
 
 import typer
 from rich.console import Console
@@ -79,7 +78,7 @@ def _flag(name: str) -> str:
     return _FLAGS.get(name, "--" + name.replace("_", "-"))
 
 
-def _set_threads(threads: Optional[int], default: Optional[int] = None) -> None:
+def _set_threads(threads: int | None, default: int | None = None) -> None:
     """--threads N, else OMP_NUM_THREADS when set (torch reads it), else `default` (None: torch's)."""
     import os
 
@@ -199,12 +198,12 @@ def _convert_many(inputs, output, suffixes, new_suffix, convert, what: str, over
 @app.command()
 def tokenize(
     inputs: list[Path] = typer.Argument(..., help="MIDI files or folders (searched recursively)."),
-    output: Optional[str] = typer.Option(None, "-o", "--output", help="Output .txt file, or folder (for several "
+    output: str | None = typer.Option(None, "-o", "--output", help="Output .txt file, or folder (for several "
                                           "inputs, or a name ending in /). \\[default: the input's name with .txt, next to it]"),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace existing output files."),
-    beats: Optional[Path] = typer.Option(None, "--beats", help="Beat annotation (a file; for folders, a folder of "
+    beats: Path | None = typer.Option(None, "--beats", help="Beat annotation (a file; for folders, a folder of "
                                          "them matched by relative path or stem): bars from its downbeats."),
-    chords: Optional[Path] = typer.Option(None, "--chords", help="Chord annotation (file or folder, as --beats): "
+    chords: Path | None = typer.Option(None, "--chords", help="Chord annotation (file or folder, as --beats): "
                                           "Chord tokens at its chord changes."),
 ):
     """Turn MIDI files into readable REMI tokens, one per line.
@@ -226,7 +225,7 @@ def tokenize(
         if given is not None and not given.is_dir():
             check_input_file(given, missing=f"no such file or folder ({what})")
 
-    def annotation(src: Path, given: Optional[Path], suffixes) -> Optional[Path]:
+    def annotation(src: Path, given: Path | None, suffixes) -> Path | None:
         if given is None or given.is_file():
             return given
         for root in inputs:  # a folder of annotations: matched like `data prepare` does
@@ -251,11 +250,11 @@ def tokenize(
 @app.command()
 def show(
     inputs: list[Path] = typer.Argument(..., help="MIDI files or folders (searched recursively)."),
-    output: Optional[str] = typer.Option(None, "-o", "--output", help="Output .png, .svg or .pdf, or a folder (for "
+    output: str | None = typer.Option(None, "-o", "--output", help="Output .png, .svg or .pdf, or a folder (for "
                                           "several inputs, or a name ending in /). \\[default: the input's name with "
                                           ".png, next to it]"),
-    bars: Optional[str] = typer.Option(None, "--bars", help="Only bars A to B (from 1, inclusive): 1:16, 9: or :8."),
-    size: Optional[str] = typer.Option(None, "--size", help="WIDTHxHEIGHT in pixels \\[default: 64 pixels per bar, "
+    bars: str | None = typer.Option(None, "--bars", help="Only bars A to B (from 1, inclusive): 1:16, 9: or :8."),
+    size: str | None = typer.Option(None, "--size", help="WIDTHxHEIGHT in pixels \\[default: 64 pixels per bar, "
                                        "900 to 8000 wide]"),
     fmt: str = typer.Option("png", "--format", help="png, svg or pdf, for folders (a file's -o suffix decides)."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace existing output files."),
@@ -286,10 +285,10 @@ def show(
 @app.command("render")
 def render_(
     inputs: list[Path] = typer.Argument(..., help="MIDI files or folders (searched recursively)."),
-    output: Optional[str] = typer.Option(None, "-o", "--output", help="Output .wav, .flac, .ogg or .mp3, or a folder "
+    output: str | None = typer.Option(None, "-o", "--output", help="Output .wav, .flac, .ogg or .mp3, or a folder "
                                           "(for several inputs, or a name ending in /). \\[default: the input's name "
                                           "with .wav, next to it]"),
-    soundfont: Optional[Path] = typer.Option(None, "--soundfont", help="General MIDI SoundFont (.sf2) \\[default: "
+    soundfont: Path | None = typer.Option(None, "--soundfont", help="General MIDI SoundFont (.sf2) \\[default: "
                                              "$SPEMUSIC_SOUNDFONT, then /usr/share/sounds/sf2/ and the like, then "
                                              "pretty_midi's small TimGM6mb]"),
     sample_rate: int = typer.Option(44100, "--sample-rate", min=8000, max=192000, help="Samples per second."),
@@ -321,7 +320,7 @@ def render_(
 @app.command()
 def detokenize(
     inputs: list[Path] = typer.Argument(..., help="Token files (.txt, one token per line) or folders."),
-    output: Optional[str] = typer.Option(None, "-o", "--output", help="Output .mid file, or folder (for several "
+    output: str | None = typer.Option(None, "-o", "--output", help="Output .mid file, or folder (for several "
                                           "inputs, or a name ending in /). \\[default: the input's name with .mid, next to it]"),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace existing output files."),
     keep_overlaps: bool = typer.Option(False, "--keep-overlaps", help="Keep notes that overlap an earlier one of "
@@ -374,12 +373,12 @@ def detokenize(
 def data_prepare(
     midi_dir: Path = typer.Argument(..., help="Folder of MIDI files (searched recursively)."),
     output: Path = typer.Option(..., "-o", "--output", help="Cache folder to write."),
-    split_csv: Optional[Path] = typer.Option(None, "--split-csv", help="CSV with midi_filename and split columns "
+    split_csv: Path | None = typer.Option(None, "--split-csv", help="CSV with midi_filename and split columns "
                                              "(default: MIDI_DIR/info.csv when present, else a hash of the path)."),
     workers: int = typer.Option(0, "--workers", min=0, help="Tokenizer processes (0: one per CPU core)."),
-    beats: Optional[Path] = typer.Option(None, "--beats", help="Folder of beat annotations (song.txt beside "
+    beats: Path | None = typer.Option(None, "--beats", help="Folder of beat annotations (song.txt beside "
                                          "song.mid, by relative path or stem): bars from their downbeats."),
-    chords: Optional[Path] = typer.Option(None, "--chords", help="Folder of chord annotations (start end label, "
+    chords: Path | None = typer.Option(None, "--chords", help="Folder of chord annotations (start end label, "
                                           "Harte notation), written as Chord tokens."),
 ):
     """Tokenize a MIDI collection into a compact cache with train/valid/test splits.
@@ -464,66 +463,66 @@ STEP_PRECISION_HELP = ("Weights of the generation step. Half precision reads hal
 
 @app.command()
 def train(
-    data: Optional[Path] = typer.Argument(None, help="Folder of MIDI files, or a cache from `spemusic data prepare`."),
-    preset: Optional[Preset] = typer.Option(None, rich_help_panel="Model", help="Model size. \\[default: small]"),
-    pe: Optional[PE] = typer.Option(None, "--pe", rich_help_panel="Model", help="Positional encoding. \\[default: sinespe]"),
-    gated: Optional[bool] = typer.Option(None, "--gated/--no-gated", rich_help_panel="Model",
+    data: Path | None = typer.Argument(None, help="Folder of MIDI files, or a cache from `spemusic data prepare`."),
+    preset: Preset | None = typer.Option(None, rich_help_panel="Model", help="Model size. \\[default: small]"),
+    pe: PE | None = typer.Option(None, "--pe", rich_help_panel="Model", help="Positional encoding. \\[default: sinespe]"),
+    gated: bool | None = typer.Option(None, "--gated/--no-gated", rich_help_panel="Model",
                                          help="Gated SPE. \\[default: gated]"),
-    attention: Optional[Attention] = typer.Option(None, rich_help_panel="Model",
+    attention: Attention | None = typer.Option(None, rich_help_panel="Model",
                                                   help="favor (linear) or softmax (quadratic baseline). \\[default: favor]"),
-    seq_len: Optional[int] = typer.Option(None, rich_help_panel="Data", help="Training window in tokens. \\[default: 1024]"),
-    batch_size: Optional[int] = typer.Option(None, rich_help_panel="Optimisation",
+    seq_len: int | None = typer.Option(None, rich_help_panel="Data", help="Training window in tokens. \\[default: 1024]"),
+    batch_size: int | None = typer.Option(None, rich_help_panel="Optimisation",
                                              help="Sequences per micro-batch, all processes together. \\[default: 8]"),
-    grad_accum: Optional[int] = typer.Option(None, rich_help_panel="Optimisation",
+    grad_accum: int | None = typer.Option(None, rich_help_panel="Optimisation",
                                              help="Micro-batches per optimizer step. \\[default: 1]"),
-    steps: Optional[int] = typer.Option(None, rich_help_panel="Optimisation", help="Optimizer steps."),
-    epochs: Optional[float] = typer.Option(None, rich_help_panel="Optimisation",
+    steps: int | None = typer.Option(None, rich_help_panel="Optimisation", help="Optimizer steps."),
+    epochs: float | None = typer.Option(None, rich_help_panel="Optimisation",
                                            help="Passes over the train split's tokens (instead of --steps)."),
-    lr: Optional[float] = typer.Option(None, rich_help_panel="Optimisation", help="Peak learning rate. \\[default: 1e-3]"),
-    warmup: Optional[int] = typer.Option(None, rich_help_panel="Optimisation",
+    lr: float | None = typer.Option(None, rich_help_panel="Optimisation", help="Peak learning rate. \\[default: 1e-3]"),
+    warmup: int | None = typer.Option(None, rich_help_panel="Optimisation",
                                          help="Linear warmup steps, then cosine decay. \\[default: 100]"),
-    weight_decay: Optional[float] = typer.Option(None, rich_help_panel="Optimisation",
+    weight_decay: float | None = typer.Option(None, rich_help_panel="Optimisation",
                                                  help="AdamW weight decay. \\[default: 0.1]"),
-    feature_redraw: Optional[int] = typer.Option(None, rich_help_panel="Optimisation",
+    feature_redraw: int | None = typer.Option(None, rich_help_panel="Optimisation",
                                                  help="Redraw FAVOR+ features every N steps (0: never). \\[default: 1000]"),
-    val_every: Optional[int] = typer.Option(None, rich_help_panel="Run", help="Validate every N steps. \\[default: 200]"),
-    save_every: Optional[int] = typer.Option(None, rich_help_panel="Run", help="Save `last` every N steps. \\[default: 200]"),
-    log_every: Optional[int] = typer.Option(None, rich_help_panel="Run",
+    val_every: int | None = typer.Option(None, rich_help_panel="Run", help="Validate every N steps. \\[default: 200]"),
+    save_every: int | None = typer.Option(None, rich_help_panel="Run", help="Save `last` every N steps. \\[default: 200]"),
+    log_every: int | None = typer.Option(None, rich_help_panel="Run",
                                             help="Write metrics.jsonl every N steps. \\[default: 10]"),
-    device: Optional[str] = typer.Option(None, rich_help_panel="Run", help="auto, cpu or cuda. \\[default: auto]"),
-    precision: Optional[Precision] = typer.Option(None, rich_help_panel="Run",
+    device: str | None = typer.Option(None, rich_help_panel="Run", help="auto, cpu or cuda. \\[default: auto]"),
+    precision: Precision | None = typer.Option(None, rich_help_panel="Run",
                                                   help="auto: bf16 on GPUs; on a CPU, measures fp32 and bf16 on this model and "
                                                        "batch for a few steps and takes the faster. \\[default: auto]"),
-    compile: Optional[bool] = typer.Option(None, "--compile/--no-compile", rich_help_panel="Run",
+    compile: bool | None = typer.Option(None, "--compile/--no-compile", rich_help_panel="Run",
                                            help="torch.compile the model. \\[default: no]"),
-    checkpoint_activations: Optional[bool] = typer.Option(        None, "--checkpoint-activations/--no-checkpoint-activations",
+    checkpoint_activations: bool | None = typer.Option(        None, "--checkpoint-activations/--no-checkpoint-activations",
         rich_help_panel="Run", help="Recompute each block's activations in the backward pass: much less memory for long "
              "sequences, about a third more compute. \\[default: no]"),
-    short_conv: Optional[int] = typer.Option(None, "--short-conv", rich_help_panel="Model",
+    short_conv: int | None = typer.Option(None, "--short-conv", rich_help_panel="Model",
                                              help="Tokens each block's short causal convolution reaches back (0: none). "
                                                   "Added to an --init-from model that has none, or widened (farther taps at "
                                                   "zero). \\[default: 4, or the --init-from model's]"),
-    seed: Optional[int] = typer.Option(None, rich_help_panel="Optimisation", help="Random seed. \\[default: 0]"),
-    max_len: Optional[int] = typer.Option(None, "--max-len", rich_help_panel="Model",
+    seed: int | None = typer.Option(None, rich_help_panel="Optimisation", help="Random seed. \\[default: 0]"),
+    max_len: int | None = typer.Option(None, "--max-len", rich_help_panel="Model",
                                           help="Longest sequence of an absolute PE (ape, sinusoidal, axial) at "
                                                "generation/eval; SPE has no limit. \\[default: max(seq-len, 2048)]"),
-    init_from: Optional[str] = typer.Option(None, "--init-from", rich_help_panel="Model",
+    init_from: str | None = typer.Option(None, "--init-from", rich_help_panel="Model",
                                             help="Fine-tune: start from this model (a shipped name or a checkpoint), with "
                                                  "its size, PE and tokenizer."),
-    beats: Optional[Path] = typer.Option(None, "--beats", rich_help_panel="Data",
+    beats: Path | None = typer.Option(None, "--beats", rich_help_panel="Data",
                                          help="Folder of beat annotations for a MIDI folder DATA (as for `data prepare`): "
                                               "bars from their downbeats."),
-    chords: Optional[Path] = typer.Option(None, "--chords", rich_help_panel="Data",
+    chords: Path | None = typer.Option(None, "--chords", rich_help_panel="Data",
                                           help="Folder of chord annotations for a MIDI folder DATA: Chord tokens (a new "
                                                "model gets them in its vocabulary)."),
-    output: Optional[Path] = typer.Option(None, "-o", "--output", rich_help_panel="Run",
+    output: Path | None = typer.Option(None, "-o", "--output", rich_help_panel="Run",
                                           help="Run folder: checkpoints, metrics.jsonl."),
-    config: Optional[Path] = typer.Option(None, "--config", rich_help_panel="Run",
+    config: Path | None = typer.Option(None, "--config", rich_help_panel="Run",
                                           help="TOML file of training options (CLI options override it)."),
-    resume: Optional[Path] = typer.Option(None, "--resume", rich_help_panel="Run",
+    resume: Path | None = typer.Option(None, "--resume", rich_help_panel="Run",
                                           help="Continue the run in this folder where it stopped."),
-    threads: Optional[int] = typer.Option(None, "--threads", rich_help_panel="Run", help=THREADS_HELP + "all cores]"),
-    stop_after: Optional[int] = typer.Option(None, "--stop-after", rich_help_panel="Run",
+    threads: int | None = typer.Option(None, "--threads", rich_help_panel="Run", help=THREADS_HELP + "all cores]"),
+    stop_after: int | None = typer.Option(None, "--stop-after", rich_help_panel="Run",
                                              help="Stop after this many steps of this invocation (the schedule still "
                                                   "follows --steps; resume later)."),
 ):
@@ -575,7 +574,7 @@ def train(
     _run_training(cfg, output, stop_after=stop_after)
 
 
-def _run_training(cfg, run_dir: Path, *, resume: bool = False, stop_after: Optional[int]) -> None:
+def _run_training(cfg, run_dir: Path, *, resume: bool = False, stop_after: int | None) -> None:
     """train.train with its progress and summary printed (by the main process under torchrun)."""
     from .train import train as run_training
 
@@ -672,7 +671,7 @@ def _read_toml(path: Path) -> dict:
 
 # ----------------------------------------------------------------------------- generate / continue
 
-def _check_model_names(*names: Optional[str], option: str = "--model") -> None:
+def _check_model_names(*names: str | None, option: str = "--model") -> None:
     """Model names as given: an empty one is refused (it silently meant pop-piano), and a
     $SPEMUSIC_CHECKPOINTS that holds no model (missing, a file, /proc) is said, not ignored."""
     import os
@@ -782,19 +781,19 @@ def _report(rows, result, seed, as_json, midis, prompt_bar_count: int, only_cont
 @app.command()
 def generate(
     model: str = typer.Option("pop-piano", "--model", "-m", help="Shipped model name or checkpoint path."),
-    length: Optional[int] = typer.Option(None, "--length", "-n", help="Tokens to sample."),
-    bars: Optional[int] = typer.Option(None, "--bars", help="Bars to sample (instead of --length)."),
+    length: int | None = typer.Option(None, "--length", "-n", help="Tokens to sample."),
+    bars: int | None = typer.Option(None, "--bars", help="Bars to sample (instead of --length)."),
     num: int = typer.Option(1, "--num", help="Pieces, sampled together in one batch."),
     temperature: float = typer.Option(1.0, help="Softmax temperature (> 0)."),
-    top_p: Optional[float] = typer.Option(None, "--top-p", help=TOP_P_HELP),
-    bar_top_p: Optional[float] = typer.Option(None, "--bar-top-p", help=BAR_TOP_P_HELP),
+    top_p: float | None = typer.Option(None, "--top-p", help=TOP_P_HELP),
+    bar_top_p: float | None = typer.Option(None, "--bar-top-p", help=BAR_TOP_P_HELP),
     top_k: int = typer.Option(0, "--top-k", help="Keep the K most likely tokens; 0 turns it off."),
-    seed: Optional[int] = typer.Option(None, help="Random seed: same seed, options and model give the same file. "
+    seed: int | None = typer.Option(None, help="Random seed: same seed, options and model give the same file. "
                                        "\\[default: a new one, printed]"),
-    meter: Optional[str] = typer.Option(None, "--meter", help="Opening time signature, e.g. 3/4 \\[default: the "
+    meter: str | None = typer.Option(None, "--meter", help="Opening time signature, e.g. 3/4 \\[default: the "
                                         "model's most likely]"),
-    tempo: Optional[float] = typer.Option(None, "--tempo", help="Opening tempo in BPM \\[default: the model's choice]"),
-    key: Optional[str] = typer.Option(None, "--key", help="Transpose each piece to this key ('A minor', 'Am', "
+    tempo: float | None = typer.Option(None, "--tempo", help="Opening tempo in BPM \\[default: the model's choice]"),
+    key: str | None = typer.Option(None, "--key", help="Transpose each piece to this key ('A minor', 'Am', "
                                       "'F# major'), from the key it is found in (Krumhansl-Kessler)."),
     output: str = typer.Option("generated.mid", "-o", "--output", help="Output .mid (OUT-1.mid … with --num), or a "
                                "folder (an existing one, or a name ending in /) for piece.mid, piece-1.mid …"),
@@ -802,7 +801,7 @@ def generate(
     device: str = typer.Option("cpu", help="cpu or cuda."),
     precision: StepPrecision = typer.Option(StepPrecision.auto, help=STEP_PRECISION_HELP),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object per output on stdout."),
-    chords: Optional[str] = typer.Option(None, "--chords", help="Chord progression, one chord per bar, repeating: "
+    chords: str | None = typer.Option(None, "--chords", help="Chord progression, one chord per bar, repeating: "
                                          "'C G Am F', or a file with one chord per line."),
     chord_strength: float = typer.Option(CHORD_STRENGTH, "--chord-strength", help="With --chords: nats added to the "
                                          "bar's chord tones wherever a pitch is sampled (0: the chord tokens alone)."),
@@ -812,7 +811,7 @@ def generate(
     png: bool = typer.Option(False, "--png", help="Also draw each piece's piano roll, OUT.png beside OUT.mid."),
     audio: bool = typer.Option(False, "--audio", help="Also render each piece, OUT.wav beside OUT.mid (SoundFont: "
                                "$SPEMUSIC_SOUNDFONT, or as `spemusic render` finds one)."),
-    threads: Optional[int] = typer.Option(None, "--threads", help=THREADS_HELP + "1: a recurrent step is too "
+    threads: int | None = typer.Option(None, "--threads", help=THREADS_HELP + "1: a recurrent step is too "
                                           "small to share (benchmarks/threads.py)]"),
 ):
     """Sample new pieces from scratch and write MIDI files.
@@ -845,31 +844,31 @@ def generate(
 @app.command("continue")
 def continue_(
     prompt: Path = typer.Argument(..., help="MIDI file to continue."),
-    model: Optional[str] = typer.Option(None, "--model", "-m", help="Model name or checkpoint path "
+    model: str | None = typer.Option(None, "--model", "-m", help="Model name or checkpoint path "
                                         "\\[default: groove for a drums-only prompt, else pop-piano]."),
-    prompt_bars: Optional[int] = typer.Option(None, "--prompt-bars", help="Use only the first N bars of music of the "
+    prompt_bars: int | None = typer.Option(None, "--prompt-bars", help="Use only the first N bars of music of the "
                                               "prompt (leading empty bars are not counted)."),
-    from_bar: Optional[int] = typer.Option(None, "--from-bar", help="Continue after bar N of the file (numbered as "
+    from_bar: int | None = typer.Option(None, "--from-bar", help="Continue after bar N of the file (numbered as "
                                            "a score editor does, empty bars included); the bars after it are replaced."),
-    length: Optional[int] = typer.Option(None, "--length", "-n", help="Tokens to add."),
-    bars: Optional[int] = typer.Option(None, "--bars", help="Bars to add (instead of --length)."),
+    length: int | None = typer.Option(None, "--length", "-n", help="Tokens to add."),
+    bars: int | None = typer.Option(None, "--bars", help="Bars to add (instead of --length)."),
     num: int = typer.Option(1, "--num", help="Continuations, sampled together in one batch."),
     temperature: float = typer.Option(1.0, help="Softmax temperature (> 0)."),
-    top_p: Optional[float] = typer.Option(None, "--top-p", help=TOP_P_HELP),
-    bar_top_p: Optional[float] = typer.Option(None, "--bar-top-p", help=BAR_TOP_P_HELP),
+    top_p: float | None = typer.Option(None, "--top-p", help=TOP_P_HELP),
+    bar_top_p: float | None = typer.Option(None, "--bar-top-p", help=BAR_TOP_P_HELP),
     top_k: int = typer.Option(0, "--top-k", help="Keep the K most likely tokens; 0 turns it off."),
-    seed: Optional[int] = typer.Option(None, help="Random seed: same seed, options and model give the same file. "
+    seed: int | None = typer.Option(None, help="Random seed: same seed, options and model give the same file. "
                                        "\\[default: a new one, printed]"),
-    output: Optional[str] = typer.Option(None, "-o", "--output", help="Output .mid (OUT-1.mid … with --num), or a "
+    output: str | None = typer.Option(None, "-o", "--output", help="Output .mid (OUT-1.mid … with --num), or a "
                                          "folder. \\[default: PROMPT-continued.mid in the current folder]"),
     only_continuation: bool = typer.Option(False, "--only-continuation", help="Write only the new bars."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace existing output files."),
     device: str = typer.Option("cpu", help="cpu or cuda."),
     precision: StepPrecision = typer.Option(StepPrecision.auto, help=STEP_PRECISION_HELP),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object per output on stdout."),
-    beats: Optional[Path] = typer.Option(None, "--beats", help="Beat annotation of the prompt (time, beat-in-bar; "
+    beats: Path | None = typer.Option(None, "--beats", help="Beat annotation of the prompt (time, beat-in-bar; "
                                          "or POP909's three columns): its bars are the annotated ones."),
-    chords: Optional[str] = typer.Option(None, "--chords", help="Chord progression of the new bars, one per bar, "
+    chords: str | None = typer.Option(None, "--chords", help="Chord progression of the new bars, one per bar, "
                                          "repeating: 'C G Am F', or a file."),
     chord_strength: float = typer.Option(CHORD_STRENGTH, "--chord-strength", help="With --chords: nats added to the "
                                          "bar's chord tones wherever a pitch is sampled (0: the chord tokens alone)."),
@@ -879,7 +878,7 @@ def continue_(
     png: bool = typer.Option(False, "--png", help="Also draw each piece's piano roll, OUT.png beside OUT.mid."),
     audio: bool = typer.Option(False, "--audio", help="Also render each piece, OUT.wav beside OUT.mid (SoundFont: "
                                "$SPEMUSIC_SOUNDFONT, or as `spemusic render` finds one)."),
-    threads: Optional[int] = typer.Option(None, "--threads", help=THREADS_HELP + "1: a recurrent step is too "
+    threads: int | None = typer.Option(None, "--threads", help=THREADS_HELP + "1: a recurrent step is too "
                                           "small to share (benchmarks/threads.py)]"),
 ):
     """Continue a MIDI file: the prompt is kept note for note, new bars follow.
@@ -1047,23 +1046,23 @@ def _generate_or_continue(model_name, prompt_path, prompt_bars, length, bars, nu
 
 @app.command()
 def play(
-    model: Optional[str] = typer.Option(None, "--model", "-m", help="Model name or checkpoint path "
+    model: str | None = typer.Option(None, "--model", "-m", help="Model name or checkpoint path "
                                         "\\[default: groove for a drums-only prompt, else pop-piano]."),
-    prompt: Optional[Path] = typer.Option(None, "--prompt", help="MIDI file to continue (it is not played)."),
-    bars: Optional[int] = typer.Option(None, "--bars", help="Bars to play \\[default: no end; Ctrl-C stops at the "
+    prompt: Path | None = typer.Option(None, "--prompt", help="MIDI file to continue (it is not played)."),
+    bars: int | None = typer.Option(None, "--bars", help="Bars to play \\[default: no end; Ctrl-C stops at the "
                                        "end of a bar]"),
     temperature: float = typer.Option(1.0, help="Softmax temperature (> 0)."),
-    top_p: Optional[float] = typer.Option(None, "--top-p", help=TOP_P_HELP),
-    bar_top_p: Optional[float] = typer.Option(None, "--bar-top-p", help=BAR_TOP_P_HELP),
-    seed: Optional[int] = typer.Option(None, help="Random seed \\[default: a new one, printed]"),
-    port: Optional[str] = typer.Option(None, "--port", help="Send MIDI to this output port (mido with python-rtmidi)."),
+    top_p: float | None = typer.Option(None, "--top-p", help=TOP_P_HELP),
+    bar_top_p: float | None = typer.Option(None, "--bar-top-p", help=BAR_TOP_P_HELP),
+    seed: int | None = typer.Option(None, help="Random seed \\[default: a new one, printed]"),
+    port: str | None = typer.Option(None, "--port", help="Send MIDI to this output port (mido with python-rtmidi)."),
     to_stdout: bool = typer.Option(False, "--stdout", help="Write raw audio to stdout: 16-bit stereo at 44.1 kHz, "
                                    "for `| aplay -f cd`."),
     midi_to_stdout: bool = typer.Option(False, "--stdout-midi", help="Write raw MIDI messages to stdout, each when due."),
-    record: Optional[Path] = typer.Option(None, "--record", help="Also keep what was played in this .mid file."),
-    soundfont: Optional[Path] = typer.Option(None, "--soundfont", help="SoundFont for audio (as `render` finds one)."),
+    record: Path | None = typer.Option(None, "--record", help="Also keep what was played in this .mid file."),
+    soundfont: Path | None = typer.Option(None, "--soundfont", help="SoundFont for audio (as `render` finds one)."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing --record file."),
-    threads: Optional[int] = typer.Option(None, "--threads", help=THREADS_HELP + "1]"),
+    threads: int | None = typer.Option(None, "--threads", help=THREADS_HELP + "1]"),
 ):
     """Play without end, live: bars sampled on the recurrent path, sent out paced to real time.
 
@@ -1201,16 +1200,16 @@ def eval_(
     max_len: int = typer.Option(2048, "--max-len", help="Score positions 0 … N of each piece."),
     bucket: int = typer.Option(128, help="Positions per bucket in the table, JSON and plot."),
     max_pieces: int = typer.Option(0, "--max-pieces", min=0, help="Score only the first N pieces (0: all)."),
-    json_path: Optional[Path] = typer.Option(None, "--json", help="Write the figures as JSON."),
-    plot: Optional[Path] = typer.Option(None, "--plot", help="Write a plot of NLL against position (.png, .svg or .pdf)."),
+    json_path: Path | None = typer.Option(None, "--json", help="Write the figures as JSON."),
+    plot: Path | None = typer.Option(None, "--plot", help="Write a plot of NLL against position (.png, .svg or .pdf)."),
     metrics: bool = typer.Option(False, "--metrics", help="Music metrics of MIDI files instead of model NLL."),
-    reference: Optional[Path] = typer.Option(None, "--reference", help="With --metrics: real MIDI to compare with."),
+    reference: Path | None = typer.Option(None, "--reference", help="With --metrics: real MIDI to compare with."),
     seed: int = typer.Option(0, help="SPE draw used for scoring."),
     device: str = typer.Option("cpu", help="cpu or cuda."),
-    beats: Optional[Path] = typer.Option(None, "--beats", help="Folder of beat annotations for a MIDI folder "
+    beats: Path | None = typer.Option(None, "--beats", help="Folder of beat annotations for a MIDI folder "
                                          "(as for `data prepare`)."),
-    chords: Optional[Path] = typer.Option(None, "--chords", help="Folder of chord annotations for a MIDI folder."),
-    threads: Optional[int] = typer.Option(None, "--threads", help=THREADS_HELP + "all cores]"),
+    chords: Path | None = typer.Option(None, "--chords", help="Folder of chord annotations for a MIDI folder."),
+    threads: int | None = typer.Option(None, "--threads", help=THREADS_HELP + "all cores]"),
 ):
     """Score models by position (NLL per token, up to and past the trained length), or measure music.
 
@@ -1286,7 +1285,7 @@ def eval_(
         err.print(f"wrote {plot}")
 
 
-def _eval_metrics(args: list[str], reference: Optional[Path], json_path: Optional[Path]) -> None:
+def _eval_metrics(args: list[str], reference: Path | None, json_path: Path | None) -> None:
     from .metrics import collection_summary
     from .tokenizer import REMITokenizer, TokenizerConfig
 
