@@ -19,6 +19,7 @@ from rich.table import Table
 
 from . import __version__
 from .errors import OptionError, SpemusicError
+from .options import ATTENTION_OPTIONS, PE_OPTIONS, PRESETS, STEP_PRECISIONS, TRAIN_PRECISIONS
 
 # typer prints a <bool> type placeholder after every flag (--overwrite <bool>), as if it took a
 # value; flags take none, so their type column stays empty
@@ -423,37 +424,16 @@ def data_prepare(
 
 # ----------------------------------------------------------------------------- train
 
-class Preset(str, Enum):
-    tiny = "tiny"
-    small = "small"
-    paper = "paper"
+def _choices(name: str, values: tuple[str, ...]) -> type[Enum]:
+    """A typer choice type of the values the library defines (one list, in model.py or device.py)."""
+    return Enum(name, {v: v for v in values}, type=str)
 
 
-class PE(str, Enum):
-    sinespe = "sinespe"
-    convspe = "convspe"
-    ape = "ape"
-    sinusoidal = "sinusoidal"
-    axial = "axial"
-    none = "none"
-
-
-class Attention(str, Enum):
-    favor = "favor"
-    softmax = "softmax"
-
-
-class Precision(str, Enum):
-    auto = "auto"
-    fp32 = "fp32"
-    bf16 = "bf16"
-
-
-class StepPrecision(str, Enum):
-    auto = "auto"
-    fp16 = "fp16"
-    bf16 = "bf16"
-    fp32 = "fp32"
+Preset = _choices("Preset", PRESETS)
+PE = _choices("PE", PE_OPTIONS)
+Attention = _choices("Attention", ATTENTION_OPTIONS)
+Precision = _choices("Precision", TRAIN_PRECISIONS)
+StepPrecision = _choices("StepPrecision", STEP_PRECISIONS)
 
 
 STEP_PRECISION_HELP = ("Weights of the generation step. Half precision reads half the bytes per token (1.6x faster "

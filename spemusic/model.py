@@ -39,26 +39,20 @@ from spemusic.attention import (
 from spemusic.compiled import compiled
 from spemusic.errors import SpemusicError
 from spemusic.fused import gelu_linear, norm_linear
+from spemusic.options import (  # noqa: F401  (re-exported: the configs' choices)
+    ABSOLUTE_PE_OPTIONS,
+    ATTENTION_OPTIONS,
+    MODEL_PRESETS,
+    PE_OPTIONS,
+    PRESETS,
+    SPE_OPTIONS,
+)
 from spemusic.positional import AbsolutePE, build_absolute_pe
 from spemusic.recurrent import LayerPlan, State, StepPlan, build_plan
 from spemusic.spe import ConvSPE, SineSPE, SPECodes, SPEFilter, mix_seed
 
 __all__ = ["ModelConfig", "Performer", "State"]
 
-PE_OPTIONS = ("sinespe", "convspe", "ape", "sinusoidal", "axial", "none")
-SPE_OPTIONS = ("sinespe", "convspe")
-ABSOLUTE_PE_OPTIONS = ("ape", "sinusoidal", "axial")  # limited to max_len positions
-ATTENTION_OPTIONS = ("favor", "softmax")
-
-_PRESETS = {
-    "tiny": dict(n_layers=2, d_model=64, n_heads=4, d_ff=128, n_realizations=16, n_features=32,
-                 n_sines=3, kernel_size=16, chunk_size=64, short_conv=4),
-    "small": dict(n_layers=6, d_model=256, n_heads=8, d_ff=1024, n_realizations=64, n_features=64,
-                  # chunk 64: faster training than 128 on CPU (benchmarks/train_throughput.py)
-                  n_sines=5, kernel_size=64, chunk_size=64, short_conv=4),
-    "paper": dict(n_layers=24, d_model=512, n_heads=8, d_ff=2048, n_realizations=64, n_features=128,
-                  n_sines=5, kernel_size=128, short_conv=4),
-}
 
 
 # Upper bounds of the size fields: far above any model this program trains, low enough that the
@@ -144,9 +138,9 @@ class ModelConfig:
 
     @classmethod
     def preset(cls, name: str, **overrides) -> ModelConfig:
-        if name not in _PRESETS:
-            raise SpemusicError(f"unknown model preset {name!r}; choose one of {', '.join(_PRESETS)}")
-        kw = dict(_PRESETS[name])
+        if name not in MODEL_PRESETS:
+            raise SpemusicError(f"unknown model preset {name!r}; choose one of {', '.join(MODEL_PRESETS)}")
+        kw = dict(MODEL_PRESETS[name])
         kw.update(overrides)
         if "vocab_size" not in kw:
             raise SpemusicError("ModelConfig.preset needs vocab_size=...")

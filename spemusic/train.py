@@ -29,10 +29,10 @@ from .device import pick_device, pick_dtype
 from .errors import OptionError, OptionWarning, SpemusicError
 from .files import check_output_folder, write_atomically
 from .memory import available_memory
-from .model import ABSOLUTE_PE_OPTIONS, PE_OPTIONS, ModelConfig, Performer
+from .model import ModelConfig, Performer
+from .options import ABSOLUTE_PE_OPTIONS, ATTENTION_OPTIONS, PE_OPTIONS, PRESETS, TRAIN_PRECISIONS
 from .tokenizer import TokenizerConfig
 
-PRESETS = ("tiny", "small", "paper")
 # what a TrainConfig field of each annotated type accepts (bool is an int to Python, not to a config)
 _OPTION_TYPES = {"int": ((int,), "an integer"), "float": ((int, float), "a number"),
                  "bool": ((bool,), "true or false"), "str": ((str,), "a string")}
@@ -78,9 +78,9 @@ class TrainConfig:
             raise OptionError(one_of % "preset", choices=", ".join(PRESETS), value=self.preset)
         if self.pe not in PE_OPTIONS:
             raise OptionError(one_of % "pe", choices=", ".join(PE_OPTIONS), value=self.pe)
-        if self.attention not in ("favor", "softmax"):
+        if self.attention not in ATTENTION_OPTIONS:
             raise OptionError("{attention} must be favor or softmax (got {value!r})", value=self.attention)
-        if self.precision not in ("auto", "fp32", "bf16"):
+        if self.precision not in TRAIN_PRECISIONS:
             raise OptionError("{precision} must be auto, fp32 or bf16 (got {value!r})", value=self.precision)
         for name in ("seq_len", "batch_size", "grad_accum"):
             if getattr(self, name) < 1:
