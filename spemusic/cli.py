@@ -682,11 +682,9 @@ def _sampling_progress(total: int | None, disable: bool) -> Progress:
                      TimeElapsedColumn(), TimeRemainingColumn(), disable=disable)
 
 
-def _run_sampling(model, tok, *, num, length, bars, prompt, options, seed, weights_dtype, quiet, chords=None,
-                  meter=None, tempo=None, chord_strength=0.0):
-    from .sampling import sample
-
-    total = length
+def _sampling_with_progress(run, *, total, num, tok, prompt, quiet):
+    """run(on_token=…, should_stop=…) (pieces.generate or continue_prompt) under a progress bar,
+    Ctrl-C stopping it after the current token."""
     with _sampling_progress(total, quiet) as progress:
         task, t0 = None, 0.0
 
@@ -710,18 +708,17 @@ def _run_sampling(model, tok, *, num, length, bars, prompt, options, seed, weigh
 
         previous = signal.signal(signal.SIGINT, on_sigint)
         try:
-            result = sample(model, tok, num=num, length=length, bars=bars, prompt=prompt, options=options,
-                            seed=seed, on_token=on_token, should_stop=stop.is_set, weights_dtype=weights_dtype,
-                            chords=chords, meter=meter, tempo=tempo, chord_strength=chord_strength)
+            pieces = run(on_token=on_token, should_stop=stop.is_set)
         finally:
             signal.signal(signal.SIGINT, previous)
         if task is not None:  # ends on the bars the files hold (the bar in progress was dropped or completed)
             import numpy as np
 
             prompt_bars = 0 if prompt is None else int(np.count_nonzero(np.asarray(prompt) == tok.bar_id))
-            kept = max(int(np.count_nonzero(ids == tok.bar_id)) for ids in result.ids) - prompt_bars
-            progress.update(task, completed=result.new_tokens, total=total or result.new_tokens, bars=kept)
-        return result
+            kept = max(int(np.count_nonzero(ids == tok.bar_id)) for ids in pieces.ids) - prompt_bars
+            progress.update(task, completed=pieces.result.new_tokens, total=total or pieces.result.new_tokens,
+                            bars=kept)
+        return pieces
 
 
 def _instruments(tok, program_ids) -> str:
@@ -734,7 +731,7 @@ def _report(rows, result, seed, as_json, midis, prompt_bar_count: int, only_cont
             extras=None):
     """One line (or JSON object) per file written. rows: (path, new tokens kept, new bars). by_length:
     every piece sampled result.new_tokens tokens (--length), of which the unfinished last bar is dropped."""
-    from .generate import midi_stats
+    from .prompts import midi_stats
 
     tps = result.new_tokens * len(rows) / max(result.wall_seconds, 1e-9)
     for (path, new_tokens, new_bars), midi, written in zip(rows, midis, extras or [{}] * len(rows)):
@@ -886,6 +883,20 @@ def continue_(
                           audio=audio, bar_top_p=bar_top_p)
 
 
+def _say_key_moves(paths, moves, key) -> None:
+    from .keys import key_name
+
+    for path, move in zip(paths, moves):
+        found = key_name(move.tonic, move.mode)
+        if move.mode != key[1]:
+            relative = move.tonic - 3 if move.mode == "major" else move.tonic + 3
+            found += f", whose relative is {key_name(relative, key[1])}"
+        shift = move.shift
+        moves = (f"transposed {'up' if shift > 0 else 'down'} {abs(shift)} semitone{'s' * (abs(shift) != 1)} "
+                 f"to {key_name(*key)}" if shift else "kept as it is")
+        err.print(f"{path}: found in {found}; {moves}", highlight=False)
+
+
 def _generate_or_continue(model_name, prompt_path, prompt_bars, length, bars, num, temperature, top_p, top_k, seed,
                           output, overwrite, device, precision, as_json, only_continuation, beats=None, chords=None,
                           keep_overlaps=False, png=False, meter=None, tempo=None, threads=None, chord_strength=0.0,
@@ -895,7 +906,8 @@ def _generate_or_continue(model_name, prompt_path, prompt_bars, length, bars, nu
     from .checkpoint import load_model
     from .device import pick_device
     from .files import write_output
-    from .generate import count_bars, load_prompt, merge_continuation, midi_bytes, output_paths
+    from .pieces import continue_prompt, generate
+    from .prompts import load_prompt, midi_bytes, output_paths
     from .tokenizer import REMITokenizer
 
     _check_model_names(model_name)
@@ -953,46 +965,30 @@ def _generate_or_continue(model_name, prompt_path, prompt_bars, length, bars, nu
         err.print(f"[yellow]warning:[/] {escape(str(prompt_path))}: {escape(warning)}", highlight=False)
     for caveat in prompt.caveats if prompt is not None else []:
         err.print(f"[yellow]note:[/] {escape(str(prompt_path))}: {escape(caveat)}", highlight=False)
-    result = _run_sampling(model, tok, num=num, length=length, bars=bars,
-                           prompt=None if prompt is None else prompt.ids, options=options, seed=seed,
-                           weights_dtype={"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}.get(
-                               precision.value),  # auto: None, the sampler picks
-                           quiet=as_json and not sys.stderr.isatty(), chords=chords, meter=meter, tempo=tempo,
-                           chord_strength=chord_strength)
-    if key is not None:  # each piece from the key it was found in to the one asked
-        from .keys import estimate_key, key_name, shift_to, transpose_ids
-
-        moved = []
-        for path, ids in zip(paths, result.ids):
-            tonic, mode, _ = estimate_key(ids, tok)
-            shift = shift_to((tonic, mode), key)
-            moved.append(transpose_ids(ids, tok, shift))
-            found = key_name(tonic, mode)
-            if mode != key[1]:
-                found += f", whose relative is {key_name(tonic - 3 if mode == 'major' else tonic + 3, key[1])}"
-            moves = (f"transposed {'up' if shift > 0 else 'down'} {abs(shift)} semitone{'s' * (abs(shift) != 1)} "
-                     f"to {key_name(*key)}" if shift else "kept as it is")
-            err.print(f"{path}: found in {found}; {moves}", highlight=False)
-        result.ids = moved
-    prompt_len = 1 if prompt is None else len(prompt.ids)  # BOS, or the prompt's tokens
-    if prompt is not None:  # instruments of the prompt that no new bar plays: they stop at the cut
-        lo, hi = tok.range("Program")
-        before = {int(t) for t in prompt.ids if lo <= t < hi}
-        after = {int(t) for ids in result.ids for t in ids[prompt_len:] if lo <= t < hi}
-        stopped = sorted(before - after)
-        if stopped and after:
-            err.print(f"[yellow]note:[/] the model did not continue {_instruments(tok, stopped)} of the prompt; the "
-                      f"new bars play {_instruments(tok, sorted(after))}", highlight=False)
-    prompt_bar_count = 0 if prompt is None else count_bars(prompt.ids, tok)
-    overlaps = "layers" if keep_overlaps else "trim"
-    pieces = [tok.decode(ids, overlaps) if prompt is None else merge_continuation(prompt, ids, tok, only_continuation, overlaps)
-              for ids in result.ids]
-    empty = [str(path) for path, midi in zip(paths, pieces) if not any(i.notes for i in midi.instruments)]
+    sampling = dict(num=num, length=length, bars=bars, seed=seed, options=options, chords=chords,
+                    chord_strength=chord_strength, key=key, overlaps="layers" if keep_overlaps else "trim",
+                    weights_dtype={"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}.get(
+                        precision.value))  # auto: None, the sampler picks
+    if prompt is None:
+        def run(**callbacks):
+            return generate(model, tok, meter=meter, tempo=tempo, **sampling, **callbacks)
+    else:
+        def run(**callbacks):
+            return continue_prompt(model, tok, prompt, only_continuation=only_continuation, **sampling, **callbacks)
+    pieces = _sampling_with_progress(run, total=length, num=num, tok=tok, prompt=None if prompt is None else prompt.ids,
+                                     quiet=as_json and not sys.stderr.isatty())
+    result = pieces.result
+    if key is not None:
+        _say_key_moves(paths, pieces.keys, key)
+    if pieces.stopped_programs and pieces.new_programs:  # they stop at the cut
+        err.print(f"[yellow]note:[/] the model did not continue {_instruments(tok, pieces.stopped_programs)} of the "
+                  f"prompt; the new bars play {_instruments(tok, pieces.new_programs)}", highlight=False)
+    empty = [str(paths[i]) for i in pieces.empty()]
     if empty:  # nothing is written: an empty MIDI file is no piece
         raise SpemusicError(f"{len(empty)} of {len(paths)} pieces hold no note ({result.new_tokens} tokens did not "
                             f"complete a bar with notes): nothing written; give a larger --length, or --bars")
     midis, rows, extras = [], [], []
-    for path, ids, midi in zip(paths, result.ids, pieces):
+    for path, midi, (new_tokens, new_bars) in zip(paths, pieces.midis, pieces.new_tokens_and_bars(tok)):
         data = midi_bytes(midi)
         write_output(data, path)
         written = {}
@@ -1014,8 +1010,8 @@ def _generate_or_continue(model_name, prompt_path, prompt_bars, length, bars, nu
             written["audio"] = str(wav)
         midis.append(midi)
         extras.append(written)
-        rows.append((path, len(ids) - prompt_len - 1, count_bars(ids, tok) - prompt_bar_count))  # - EOS
-    _report(rows, result, seed, as_json, midis, prompt_bar_count, only_continuation, by_length=bars is None,
+        rows.append((path, new_tokens, new_bars))
+    _report(rows, result, seed, as_json, midis, pieces.prompt_bars, only_continuation, by_length=bars is None,
             extras=extras)
     if result.interrupted:
         err.print("interrupted: wrote the music generated so far")
@@ -1062,8 +1058,8 @@ def play(
     from .audio import find_soundfont
     from .checkpoint import load_model
     from .files import check_output_file, write_output
-    from .generate import load_prompt, midi_bytes
     from .play import Player, SoundCard, open_midi_port, play as play_bars, require_mido, stdout_audio, stdout_midi
+    from .prompts import load_prompt, midi_bytes
     from .tokenizer import REMITokenizer
 
     if bars is not None and bars < 1:

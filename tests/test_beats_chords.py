@@ -284,7 +284,7 @@ def test_cli_beats_and_chords(run_cli, tmp_path, tiny_checkpoint, midi_factory):
 def test_continue_with_beats_keeps_the_prompt_and_starts_on_the_annotated_downbeat(shared_data, tmp_path, run_cli,
                                                                                    tiny_checkpoint):
     from spemusic.beats import TempoMap
-    from spemusic.generate import load_prompt
+    from spemusic.prompts import load_prompt
 
     pop = shared_data / "pop909"
     song, beats = pop / "001.mid", pop / "beats" / "001.txt"

@@ -207,7 +207,7 @@ def test_an_out_of_range_controller_value_is_clipped_with_a_warning(run_cli, tin
 
 
 def test_continue_picks_groove_for_drums(examples):
-    from spemusic.generate import load_prompt
+    from spemusic.prompts import load_prompt
     from spemusic.tokenizer import REMITokenizer
 
     assert load_prompt(examples["groove"], REMITokenizer()).only_drums
@@ -319,7 +319,7 @@ def test_tokenize_with_every_file_skipped_fails(run_cli, tmp_path):
 
 
 def test_continue_reports_prompt_and_new_bars(run_cli, tiny_checkpoint, examples, tmp_path):
-    from spemusic.generate import count_bars, load_prompt
+    from spemusic.prompts import count_bars, load_prompt
     from spemusic.tokenizer import REMITokenizer
 
     prompt_bars = count_bars(load_prompt(examples["piano"], REMITokenizer()).ids, REMITokenizer())
@@ -385,7 +385,7 @@ def _nine_four(path: Path) -> None:
 
 
 def test_prompt_meter_outside_the_vocabulary_is_said_and_marked(run_cli, tiny_checkpoint, tmp_path):
-    from spemusic.generate import load_prompt, merge_continuation
+    from spemusic.prompts import load_prompt, merge_continuation
     from spemusic.tokenizer import REMITokenizer
 
     src = tmp_path / "nine.mid"

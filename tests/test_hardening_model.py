@@ -223,9 +223,9 @@ def test_a_fresh_run_on_a_full_disk_names_the_file(run_cli, examples, small_disk
 
 
 def test_a_prompt_past_the_limit_is_refused_and_fewer_bars_pass(run_cli, tiny_checkpoint, examples, tmp_path, monkeypatch):
-    from spemusic import generate
+    from spemusic import prompts
 
-    monkeypatch.setattr(generate, "MAX_PROMPT_TOKENS", 100)  # the piano phrase: 232 tokens, its first bar 64
+    monkeypatch.setattr(prompts, "MAX_PROMPT_TOKENS", 100)  # the piano phrase: 232 tokens, its first bar 64
     out = tmp_path / "c.mid"
     code, _, err = run_cli("continue", examples["piano"], "--model", tiny_checkpoint, "--length", 16, "-o", out)
     line = _one_line_error(code, err)
@@ -241,7 +241,7 @@ def test_a_note_two_to_the_28_ticks_long_costs_no_tick_array():
 
     import miditoolkit
 
-    from spemusic.generate import midi_stats
+    from spemusic.prompts import midi_stats
 
     midi = miditoolkit.MidiFile(ticks_per_beat=480)
     midi.tempo_changes = [miditoolkit.TempoChange(120.0, 0), miditoolkit.TempoChange(60.0, 960)]
@@ -259,7 +259,7 @@ def test_a_note_two_to_the_28_ticks_long_costs_no_tick_array():
 def test_tick_seconds_agrees_with_miditoolkit_on_real_files(shared_data):
     import miditoolkit
 
-    from spemusic.generate import tick_seconds
+    from spemusic.prompts import tick_seconds
 
     for path in sorted((shared_data / "pop909").glob("*.mid"))[:3] + sorted((shared_data / "groove").rglob("*.mid"))[:3]:
         midi = miditoolkit.MidiFile(str(path))

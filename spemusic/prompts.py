@@ -1,4 +1,5 @@
-"""Pieces and continuations as MIDI files: the functions behind `spemusic generate` and `continue`."""
+"""Prompts and MIDI output: reading a MIDI prompt into tokens, merging a continuation back into the
+prompt's own MIDI, output paths, and bar counts (spemusic.pieces generates and continues)."""
 
 from __future__ import annotations
 

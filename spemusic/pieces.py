@@ -1,0 +1,113 @@
+"""New pieces and continuations as MIDI: the library behind `spemusic generate` and `continue`.
+
+    model, tok = spemusic.load_model("pop-piano")
+    pieces = generate(model, tok, num=2, bars=8, seed=0)
+    pieces.midis[0].dump("new.mid")
+
+    prompt = load_prompt(Path("song.mid"), tok, prompt_bars=4)   # spemusic.prompts
+    pieces = continue_prompt(model, tok, prompt, bars=8, seed=1)
+    pieces.midis[0].dump("song-continued.mid")  # the prompt's own notes, then the new bars
+
+The command line adds what belongs to it: option checks, the progress bar, Ctrl-C, the files.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import miditoolkit
+import numpy as np
+import torch
+
+from .model import Performer
+from .prompts import Prompt, count_bars, merge_continuation
+from .sampling import SampleResult, SamplingOptions, sample
+from .tokenizer import REMITokenizer
+
+__all__ = ["KeyMove", "Pieces", "continue_prompt", "generate"]
+
+
+@dataclass
+class KeyMove:
+    """Where a piece was found (tonic pitch class, mode) and the semitones it was moved by."""
+
+    tonic: int
+    mode: str
+    shift: int
+
+
+@dataclass
+class Pieces:
+    midis: list[miditoolkit.MidiFile]  # per piece: the new music (after the prompt's own notes, if any)
+    ids: list[np.ndarray]  # per piece, its token ids BOS … EOS (transposed when a key was asked)
+    result: SampleResult  # the sampler's: tokens sampled per piece, seconds, interrupted
+    prompt_tokens: int  # the tokens before the sampled ones (1: BOS alone)
+    prompt_bars: int
+    keys: list[KeyMove] | None = None  # per piece, when a key was asked
+    stopped_programs: list[int] | None = None  # programs of the prompt that no new bar plays
+    new_programs: list[int] | None = None  # programs the new bars play
+
+    def empty(self) -> list[int]:
+        """The pieces that hold no note (an empty MIDI file is no piece)."""
+        return [i for i, midi in enumerate(self.midis) if not any(inst.notes for inst in midi.instruments)]
+
+    def new_tokens_and_bars(self, tokenizer: REMITokenizer) -> list[tuple[int, int]]:
+        """Per piece, the tokens (EOS excluded) and bars it added."""
+        return [(len(ids) - self.prompt_tokens - 1, count_bars(ids, tokenizer) - self.prompt_bars) for ids in self.ids]
+
+
+def generate(model: Performer, tokenizer: REMITokenizer, *, num: int = 1, length: int | None = None,
+             bars: int | None = None, seed: int = 0, options: SamplingOptions | None = None,
+             weights_dtype: torch.dtype | None = None, chords: list[str] | None = None, meter: str | None = None,
+             tempo: float | None = None, chord_strength: float = 0.0, key: tuple[int, str] | None = None,
+             overlaps: str = "trim", on_token=None, should_stop=None) -> Pieces:
+    """`num` new pieces of `length` tokens or `bars` bars (sampling.sample's arguments), each
+    decoded to MIDI; `key` (tonic pitch class, "major"/"minor"): each piece moved from the key it
+    was found in to that one; `overlaps`: "trim" or "layers" (tokenizer.decode)."""
+    return _pieces(model, tokenizer, None, False, num=num, length=length, bars=bars, seed=seed, options=options,
+                   weights_dtype=weights_dtype, chords=chords, meter=meter, tempo=tempo,
+                   chord_strength=chord_strength, key=key, overlaps=overlaps, on_token=on_token,
+                   should_stop=should_stop)
+
+
+def continue_prompt(model: Performer, tokenizer: REMITokenizer, prompt: Prompt, *, only_continuation: bool = False,
+                    num: int = 1, length: int | None = None, bars: int | None = None, seed: int = 0,
+                    options: SamplingOptions | None = None, weights_dtype: torch.dtype | None = None,
+                    chords: list[str] | None = None, chord_strength: float = 0.0,
+                    key: tuple[int, str] | None = None, overlaps: str = "trim", on_token=None,
+                    should_stop=None) -> Pieces:
+    """`num` continuations of a prompt (prompts.load_prompt), each merged into the prompt's own MIDI:
+    its notes exactly as they were, then the new bars (`only_continuation`: the new bars alone)."""
+    return _pieces(model, tokenizer, prompt, only_continuation, num=num, length=length, bars=bars, seed=seed,
+                   options=options, weights_dtype=weights_dtype, chords=chords, chord_strength=chord_strength,
+                   key=key, overlaps=overlaps, on_token=on_token, should_stop=should_stop)
+
+
+def _pieces(model, tokenizer, prompt: Prompt | None, only_continuation: bool, *, key, overlaps, **sampling) -> Pieces:
+    result = sample(model, tokenizer, prompt=None if prompt is None else prompt.ids, **sampling)
+    keys = _move_to_key(result, tokenizer, key) if key is not None else None
+    prompt_tokens = 1 if prompt is None else len(prompt.ids)  # BOS, or the prompt's tokens
+    stopped = new = None
+    if prompt is not None:
+        lo, hi = tokenizer.range("Program")
+        before = {int(t) for t in prompt.ids if lo <= t < hi}
+        after = {int(t) for ids in result.ids for t in ids[prompt_tokens:] if lo <= t < hi}
+        stopped, new = sorted(before - after), sorted(after)
+    midis = [tokenizer.decode(ids, overlaps) if prompt is None
+             else merge_continuation(prompt, ids, tokenizer, only_continuation, overlaps) for ids in result.ids]
+    return Pieces(midis, result.ids, result, prompt_tokens, 0 if prompt is None else count_bars(prompt.ids, tokenizer),
+                  keys, stopped, new)
+
+
+def _move_to_key(result: SampleResult, tokenizer: REMITokenizer, key: tuple[int, str]) -> list[KeyMove]:
+    """Each piece transposed from the key it was found in to `key` (result.ids replaced)."""
+    from .keys import estimate_key, shift_to, transpose_ids
+
+    moves, moved = [], []
+    for ids in result.ids:
+        tonic, mode, _ = estimate_key(ids, tokenizer)
+        shift = shift_to((tonic, mode), key)
+        moved.append(transpose_ids(ids, tokenizer, shift))
+        moves.append(KeyMove(tonic, mode, shift))
+    result.ids = moved
+    return moves
