@@ -883,6 +883,59 @@ def continue_(
                           audio=audio, bar_top_p=bar_top_p)
 
 
+def _check_extra_outputs(paths, png: bool, audio: bool, overwrite: bool):
+    """Refuse --png and --audio before any work where they cannot be written (no matplotlib, no
+    SoundFont, a file in the way); returns the SoundFont for --audio."""
+    from .files import check_output_file
+
+    if png:
+        from .pianoroll import require_matplotlib
+
+        require_matplotlib()
+        for p in paths:
+            check_output_file(p.with_suffix(".png"), overwrite, "--png")
+    if not audio:
+        return None
+    from .audio import find_soundfont
+
+    soundfont = find_soundfont()
+    for p in paths:
+        check_output_file(p.with_suffix(".wav"), overwrite, "--audio")
+    return soundfont
+
+
+def _write_pieces(paths, pieces, tok, *, title: str, png: bool, soundfont):
+    """Each piece's MIDI file, and its picture (png) and audio (a soundfont) beside it: the MIDI
+    files, per piece (path, new tokens, new bars), and per piece the extra files written."""
+    from .files import write_output
+    from .prompts import midi_bytes
+
+    midis, rows, extras = [], [], []
+    for path, midi, (new_tokens, new_bars) in zip(paths, pieces.midis, pieces.new_tokens_and_bars(tok)):
+        data = midi_bytes(midi)
+        write_output(data, path)
+        written = {}
+        if png or soundfont is not None:
+            import symusic
+
+            score = symusic.Score.from_midi(data)
+        if png:
+            from .pianoroll import render
+
+            write_output(render(score, ".png", title=f"{path.name} ({title})"), path.with_suffix(".png"))
+            written["png"] = str(path.with_suffix(".png"))
+        if soundfont is not None:
+            from .audio import SAMPLE_RATE, render, write_audio
+
+            wav = path.with_suffix(".wav")
+            write_output(write_audio(render(score, soundfont), wav, SAMPLE_RATE), wav)
+            written["audio"] = str(wav)
+        midis.append(midi)
+        extras.append(written)
+        rows.append((path, new_tokens, new_bars))
+    return midis, rows, extras
+
+
 def _say_key_moves(paths, moves, key) -> None:
     from .keys import key_name
 
@@ -905,9 +958,8 @@ def _generate_or_continue(model_name, prompt_path, prompt_bars, length, bars, nu
 
     from .checkpoint import load_model
     from .device import pick_device
-    from .files import write_output
     from .pieces import continue_prompt, generate
-    from .prompts import load_prompt, midi_bytes, output_paths
+    from .prompts import load_prompt, output_paths
     from .tokenizer import REMITokenizer
 
     _check_model_names(model_name)
@@ -924,21 +976,7 @@ def _generate_or_continue(model_name, prompt_path, prompt_bars, length, bars, nu
     _sampling_options({}, temperature, top_k, top_p, bar_top_p)  # refused before any work when out of range
     pick_device(device, auto=False)
     paths = output_paths(output, num, overwrite)
-    if png:
-        from .files import check_output_file
-        from .pianoroll import require_matplotlib
-
-        require_matplotlib()  # refused before any work when it is missing
-        for p in paths:
-            check_output_file(p.with_suffix(".png"), overwrite, "--png")
-    soundfont = None
-    if audio:
-        from .audio import find_soundfont
-        from .files import check_output_file
-
-        soundfont = find_soundfont()  # refused before any work when there is none
-        for p in paths:
-            check_output_file(p.with_suffix(".wav"), overwrite, "--audio")
+    soundfont = _check_extra_outputs(paths, png, audio, overwrite)
     # one recurrent step is a chain of small matrix products: a second thread gains little on an
     # idle machine and loses much on a busy one (benchmarks/results/threads.txt)
     _set_threads(threads, 1 if device == "cpu" else None)
@@ -987,30 +1025,8 @@ def _generate_or_continue(model_name, prompt_path, prompt_bars, length, bars, nu
     if empty:  # nothing is written: an empty MIDI file is no piece
         raise SpemusicError(f"{len(empty)} of {len(paths)} pieces hold no note ({result.new_tokens} tokens did not "
                             f"complete a bar with notes): nothing written; give a larger --length, or --bars")
-    midis, rows, extras = [], [], []
-    for path, midi, (new_tokens, new_bars) in zip(paths, pieces.midis, pieces.new_tokens_and_bars(tok)):
-        data = midi_bytes(midi)
-        write_output(data, path)
-        written = {}
-        if png or audio:
-            import symusic
-
-            score = symusic.Score.from_midi(data)
-        if png:
-            from .pianoroll import render
-
-            title = f"{path.name} ({model_name or 'pop-piano'}, seed {seed})"
-            write_output(render(score, ".png", title=title), path.with_suffix(".png"))
-            written["png"] = str(path.with_suffix(".png"))
-        if audio:
-            from .audio import SAMPLE_RATE, render, write_audio
-
-            wav = path.with_suffix(".wav")
-            write_output(write_audio(render(score, soundfont), wav, SAMPLE_RATE), wav)
-            written["audio"] = str(wav)
-        midis.append(midi)
-        extras.append(written)
-        rows.append((path, new_tokens, new_bars))
+    midis, rows, extras = _write_pieces(paths, pieces, tok, title=f"{model_name or 'pop-piano'}, seed {seed}", png=png,
+                                        soundfont=soundfont if audio else None)
     _report(rows, result, seed, as_json, midis, pieces.prompt_bars, only_continuation, by_length=bars is None,
             extras=extras)
     if result.interrupted:

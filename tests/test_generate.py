@@ -274,13 +274,28 @@ def test_unwritable_output_folder(run_cli, tiny_checkpoint, tmp_path):
     assert code == 1 and "not writable" in err
 
 
+def _wait_for_cpu_seconds(pid: int, seconds: float, timeout: float) -> None:
+    """Until the process has run `seconds` (CPU time, from /proc; wall time where there is none)."""
+    stat = Path(f"/proc/{pid}/stat")
+    if not stat.exists():
+        time.sleep(seconds)
+        return
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        fields = stat.read_text().rsplit(")", 1)[1].split()
+        if (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK") >= seconds:  # utime + stime
+            return
+        time.sleep(0.5)
+
+
 def test_ctrl_c_writes_what_was_generated(tiny_checkpoint, tmp_path):
     out = tmp_path / "long.mid"
     proc = subprocess.Popen([sys.executable, "-m", "spemusic", "generate", "--model", str(tiny_checkpoint),
                              "--length", "1000000", "-o", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
-    # wait until sampling has produced a few bars (the progress is on stderr, refreshed in place)
-    time.sleep(12)
+    # wait until sampling has produced a few bars: 12 s on an idle machine; on a busy one, until the
+    # process has had the CPU time it needs there (start-up, then some sampling)
+    _wait_for_cpu_seconds(proc.pid, 12.0, timeout=180)
     assert proc.poll() is None, proc.communicate()
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
