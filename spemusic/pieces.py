@@ -39,13 +39,17 @@ class KeyMove:
 @dataclass
 class Pieces:
     midis: list[miditoolkit.MidiFile]  # per piece: the new music (after the prompt's own notes, if any)
-    ids: list[np.ndarray]  # per piece, its token ids BOS … EOS (transposed when a key was asked)
-    result: SampleResult  # the sampler's: tokens sampled per piece, seconds, interrupted
+    result: SampleResult  # the sampler's: token ids per piece (transposed when a key was asked), seconds, …
     prompt_tokens: int  # the tokens before the sampled ones (1: BOS alone)
     prompt_bars: int
     keys: list[KeyMove] | None = None  # per piece, when a key was asked
     stopped_programs: list[int] | None = None  # programs of the prompt that no new bar plays
     new_programs: list[int] | None = None  # programs the new bars play
+
+    @property
+    def ids(self) -> list[np.ndarray]:
+        """Per piece, its token ids BOS … EOS."""
+        return self.result.ids
 
     def empty(self) -> list[int]:
         """The pieces that hold no note (an empty MIDI file is no piece)."""
@@ -95,7 +99,7 @@ def _pieces(model, tokenizer, prompt: Prompt | None, only_continuation: bool, *,
         stopped, new = sorted(before - after), sorted(after)
     midis = [tokenizer.decode(ids, overlaps) if prompt is None
              else merge_continuation(prompt, ids, tokenizer, only_continuation, overlaps) for ids in result.ids]
-    return Pieces(midis, result.ids, result, prompt_tokens, 0 if prompt is None else count_bars(prompt.ids, tokenizer),
+    return Pieces(midis, result, prompt_tokens, 0 if prompt is None else count_bars(prompt.ids, tokenizer),
                   keys, stopped, new)
 
 
