@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from .beats import AnnotationError, read_annotation
-from .errors import SpemusicError
+from .errors import OptionError, SpemusicError
 
 __all__ = ["QUALITIES", "ROOTS", "CHORD_NAMES", "ChordChange", "parse_chord", "read_chords", "parse_chords",
            "chord_templates", "best_chord"]
@@ -135,7 +135,7 @@ def parse_chords(spec: str) -> list[str]:
                 f"unknown chord {label!r}: use a root (C, C#, Db … B) with one of "
                 f"'' (major), m, dim, aug, sus2, sus4, 7, maj7, m7, or N (no chord); e.g. 'C G Am F'") from None
     if not names:
-        raise SpemusicError("--chords: no chords given (e.g. --chords 'C G Am F')")
+        raise OptionError("{chords}: no chords given (e.g. {chords} 'C G Am F')")
     return names
 
 

@@ -71,12 +71,17 @@ def _progress(*columns, disable: bool = False) -> Progress:
     return _LazyProgress(*columns, console=err, disable=disable, transient=False)
 
 
-_FLAGS = {"data": "DATA", "output": "-o", "run_dir": "-o", "config": "--config"}
+_FLAGS = {"data": "DATA", "output": "-o", "run_dir": "-o", "config": "--config", "to_stdout": "--stdout"}
 
 
 def _flag(name: str) -> str:
     """How the command line writes an option the library names by parameter (seq_len: --seq-len)."""
     return _FLAGS.get(name, "--" + name.replace("_", "-"))
+
+
+def _message(e: SpemusicError) -> str:
+    """An error's message as the command line says it: options named by parameter become flags."""
+    return e.spelled(_flag) if isinstance(e, OptionError) else str(e)
 
 
 def _set_threads(threads: int | None, default: int | None = None) -> None:
@@ -186,7 +191,7 @@ def _convert_many(inputs, output, suffixes, new_suffix, convert, what: str, over
             try:
                 convert(src, dest)
             except SpemusicError as e:
-                failures.append(str(e))
+                failures.append(_message(e))
             progress.advance(task)
     for f in failures:
         err.print(f"[yellow]skipped:[/] {escape(f)}", highlight=False)
@@ -1360,8 +1365,7 @@ def main() -> None:
         err.print("interrupted")
         _exit_interrupted()
     except SpemusicError as e:
-        text = e.spelled(_flag) if isinstance(e, OptionError) else str(e)
-        err.print(f"[bold red]error:[/] {escape(text)}", highlight=False)
+        err.print(f"[bold red]error:[/] {escape(_message(e))}", highlight=False)
         sys.exit(1)
     except KeyboardInterrupt:
         err.print("interrupted")

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from .data import open_dataset
-from .errors import SpemusicError
+from .errors import OptionError, SpemusicError
 from .model import Performer
 from .tokenizer import REMITokenizer
 
@@ -82,16 +82,17 @@ def evaluate_nll(model: Performer, tokenizer: REMITokenizer, data: Path, split: 
                  max_pieces: int | None = None, progress=None, beats_dir: Path | None = None,
                  chords_dir: Path | None = None) -> NLLReport:
     if max_len < 1 or bucket < 1:
-        raise SpemusicError("--max-len and --bucket must be positive")
+        raise OptionError("{max_len} and {bucket} must be positive")
     if model.cfg.has_absolute_pe and max_len > model.cfg.max_len:
-        raise SpemusicError(f"{name}: absolute positional encoding limited to {model.cfg.max_len} tokens; "
-                            f"use --max-len {model.cfg.max_len} or less")
+        raise OptionError("{name}: absolute positional encoding limited to {limit} tokens; use {max_len} {limit} or less",
+                          name=name, limit=model.cfg.max_len)
     cache = open_dataset(Path(data), tokenizer.config, beats_dir=beats_dir, chords_dir=chords_dir)
     if cache.index["fingerprint"] != tokenizer.config.fingerprint():
         raise SpemusicError(f"{data}: data cache made with another tokenizer than {name}'s")
     sequences = cache.sequences(split)
     if not sequences:
-        raise SpemusicError(f"{data}: the {split} split is empty (use --split all for a plain folder)")
+        raise OptionError("{data}: the {value} split is empty (use {split} all for a plain folder)", data=str(data),
+                          value=split)
     if max_pieces:
         sequences = sequences[:max_pieces]
     # no position past the longest piece has a token: the table stops at its bucket, and a huge
@@ -122,7 +123,7 @@ def plot_format(path) -> str:
     """The image format a --plot path asks for, by its suffix."""
     fmt = Path(path).suffix.lower().lstrip(".")
     if fmt not in PLOT_FORMATS:
-        raise SpemusicError(f"--plot {path}: give a .png, .svg or .pdf file")
+        raise OptionError("{plot} {path}: give a .png, .svg or .pdf file", path=str(path))
     return fmt
 
 
@@ -134,7 +135,7 @@ def plot_reports(reports: list[NLLReport], path: Path) -> None:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        raise SpemusicError("--plot needs matplotlib: pip install 'spemusic[plot]'") from None
+        raise OptionError("{plot} needs matplotlib: pip install 'spemusic[plot]'") from None
     fig, ax = plt.subplots(figsize=(7, 4))
     for r in reports:
         xs = [(b["start"] + b["end"]) / 2 for b in r.buckets if b["nll"] is not None]

@@ -10,7 +10,7 @@ import stat
 import tempfile
 from pathlib import Path
 
-from .errors import SpemusicError
+from .errors import OptionError, SpemusicError
 
 _SPECIAL_FILES = ((stat.S_ISFIFO, "a named pipe (FIFO)"), (stat.S_ISSOCK, "a socket"),
                   (stat.S_ISCHR, "a device"), (stat.S_ISBLK, "a device"))
@@ -47,7 +47,7 @@ def check_output_file(path: str | Path, overwrite: bool = True, option: str = ""
     if path.is_dir():
         raise SpemusicError(f"{label}: is a folder; give a file name")
     if path.exists() and not overwrite:
-        raise SpemusicError(f"{label}: already exists (use --overwrite to replace it)")
+        raise OptionError("{label}: already exists (use {overwrite} to replace it)", label=label)
     _check_folder(path.parent, label, may_create=False)
     return path
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .errors import SpemusicError
+from .errors import OptionError, SpemusicError
 from .tokenizer import REMITokenizer
 
 NAMES = ("C", "C#", "D", "Eb", "E", "F", "F#", "G", "Ab", "A", "Bb", "B")
@@ -21,7 +21,7 @@ def parse_key(text: str) -> tuple[int, str]:
     head = t[:2] if len(t) > 1 and t[1] in "#b" else t[:1]
     rest = t[len(head):].strip().lower()
     if head.lower() not in _SPELLINGS or rest not in _MODES:
-        raise SpemusicError(f"--key {text!r}: give a tonic and a mode, e.g. 'A minor', 'Am', 'F# major' or 'Bb'")
+        raise OptionError("{key} {text!r}: give a tonic and a mode, e.g. 'A minor', 'Am', 'F# major' or 'Bb'", text=text)
     return _SPELLINGS[head.lower()], _MODES[rest]
 
 

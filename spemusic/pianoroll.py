@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import symusic
 
-from .errors import SpemusicError
+from .errors import OptionError, SpemusicError
 
 FORMATS = (".png", ".svg", ".pdf")
 CONTINUATION_MARKER = "continuation"  # written by `continue` where the new bars begin
@@ -61,9 +61,9 @@ def parse_bar_range(text: str) -> tuple[int, int]:
         a, b = text.split(":")
         a, b = int(a) if a else 1, int(b) if b else 0
     except ValueError:
-        raise SpemusicError(f"--bars {text!r}: give A:B, bar numbers from 1 (e.g. 1:16, or 9: to the end)") from None
+        raise OptionError("{bars} {text!r}: give A:B, bar numbers from 1 (e.g. 1:16, or 9: to the end)", text=text) from None
     if a < 1 or (b and b < a):
-        raise SpemusicError(f"--bars {text!r}: bars are numbered from 1 and B must not come before A")
+        raise OptionError("{bars} {text!r}: bars are numbered from 1 and B must not come before A", text=text)
     return a, b
 
 
@@ -71,9 +71,9 @@ def parse_size(text: str) -> tuple[int, int]:
     try:
         w, h = (int(v) for v in text.lower().split("x"))
     except ValueError:
-        raise SpemusicError(f"--size {text!r}: give WIDTHxHEIGHT in pixels, e.g. 1600x600") from None
+        raise OptionError("{size} {text!r}: give WIDTHxHEIGHT in pixels, e.g. 1600x600", text=text) from None
     if not (200 <= w <= 20000 and 150 <= h <= 8000):
-        raise SpemusicError(f"--size {text!r}: width 200-20000 and height 150-8000 pixels")
+        raise OptionError("{size} {text!r}: width 200-20000 and height 150-8000 pixels", text=text)
     return w, h
 
 
@@ -91,7 +91,8 @@ def render(score: symusic.Score, fmt: str = ".png", bars: tuple[int, int] | None
     first, last = bars or (1, 0)
     last = last or n_bars
     if first > n_bars:
-        raise SpemusicError(f"--bars {first}:{last or ''}: the file has {n_bars} bar{'s' * (n_bars != 1)}")
+        raise OptionError("{bars} {first}:{last}: the file has {n} bar{s}", first=first, last=last or "", n=n_bars,
+                          s="s" * (n_bars != 1))
     last = min(last, n_bars)
     x0, x1 = grid.starts[first - 1], grid.starts[last]
     pitched = [t for t in score.tracks if not t.is_drum and len(t.notes)]
@@ -201,6 +202,8 @@ def draw_file(src: Path, dest: Path, bars: tuple[int, int] | None = None, size: 
         raise SpemusicError(f"{dest}: cannot draw a {fmt or 'suffix-less'} file; use {', '.join(FORMATS)}")
     try:
         data = render(read_score(src), fmt, bars, size, title=src.name)
+    except OptionError as e:  # (its options stay named by parameter, for the CLI to spell)
+        raise OptionError("{file}: " + e.template, **{**e.values, "file": str(src)}) from None
     except SpemusicError as e:
         msg = str(e)
         raise SpemusicError(msg if msg.startswith(str(src)) else f"{src}: {msg}") from None

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .errors import SpemusicError
+from .errors import OptionError, SpemusicError
 from .tokenizer import REMITokenizer
 
 DRUM_CHANNEL = 9
@@ -255,10 +255,11 @@ def open_midi_port(name: str):
     try:
         import rtmidi  # noqa: F401  (mido's default backend)
     except ImportError:
-        raise SpemusicError("--port needs mido and python-rtmidi: pip install 'spemusic[play]'") from None
+        raise OptionError("{port} needs mido and python-rtmidi: pip install 'spemusic[play]'") from None
     names = mido.get_output_names()
     if name not in names:
-        raise SpemusicError(f"--port {name}: no such MIDI output; there are: {', '.join(names) or 'none'}")
+        raise OptionError("{port} {name}: no such MIDI output; there are: {names}", name=name,
+                          names=", ".join(names) or "none")
     port = mido.open_output(name)
     return port.send
 
@@ -273,15 +274,15 @@ class SoundCard:
         try:
             import sounddevice
         except (ImportError, OSError) as e:  # OSError: the PortAudio library itself is missing
-            raise SpemusicError("playing on the sound card needs sounddevice and PortAudio (pip install "
-                                "'spemusic[play]'; apt-get install libportaudio2), or use --stdout | aplay -f cd, "
-                                f"or --port ({str(e).splitlines()[0][:80]})") from None
+            raise OptionError("playing on the sound card needs sounddevice and PortAudio (pip install "
+                              "'spemusic[play]'; apt-get install libportaudio2), or use {to_stdout} | aplay -f cd, "
+                              "or {port} ({reason})", reason=str(e).splitlines()[0][:80]) from None
         try:
             self.stream = sounddevice.OutputStream(samplerate=self.sample_rate, channels=2, dtype="int16")
             self.stream.start()
         except Exception as e:  # noqa: BLE001  (PortAudioError: no device)
-            raise SpemusicError(f"no sound card to play on ({str(e).splitlines()[0][:100]}); use --stdout | "
-                                "aplay -f cd, or --port") from None
+            raise OptionError("no sound card to play on ({reason}); use {to_stdout} | aplay -f cd, or {port}",
+                              reason=str(e).splitlines()[0][:100]) from None
 
     def __call__(self, block: np.ndarray) -> None:
         self.stream.write(block)

@@ -10,7 +10,7 @@ from pathlib import Path
 import miditoolkit
 import numpy as np
 
-from .errors import MidiError, SpemusicError
+from .errors import MidiError, OptionError, SpemusicError
 from .files import check_input_file, check_output_file, check_output_folder, names_new_folder
 from .grammar import REMIGrammar
 from .tokenizer import REMITokenizer, read_midi
@@ -136,27 +136,28 @@ def load_prompt(path: Path, tokenizer: REMITokenizer, prompt_bars: int | None = 
     caveats = []
     if from_bar is not None:
         if prompt_bars is not None:
-            raise SpemusicError("--from-bar and --prompt-bars: give one")
+            raise OptionError("{from_bar} and {prompt_bars}: give one")
         if not 1 <= from_bar <= len(bar_idx):
-            raise SpemusicError(f"--from-bar {from_bar}: {path} has bars 1 to {len(bar_idx)}")
+            raise OptionError("{from_bar} {n}: {path} has bars 1 to {bars}", n=from_bar, path=str(path), bars=len(bar_idx))
         lo, hi = tokenizer.range("Pitch")
         head = ids[: bar_idx[from_bar]] if from_bar < len(bar_idx) else ids
         if not ((head >= lo) & (head < hi)).any():
             first = int(np.searchsorted(bar_idx, np.flatnonzero((ids >= lo) & (ids < hi))[0], side="right"))
-            raise SpemusicError(f"--from-bar {from_bar}: bars 1-{from_bar} of {path} hold no note (the first is in "
-                                f"bar {first})")
+            raise OptionError("{from_bar} {n}: bars 1-{n} of {path} hold no note (the first is in bar {first})",
+                              n=from_bar, path=str(path), first=first)
         prompt_bars = from_bar
     elif prompt_bars is not None:
         if prompt_bars < 1:
-            raise SpemusicError(f"--prompt-bars must be at least 1 (got {prompt_bars})")
+            raise OptionError("{prompt_bars} must be at least 1 (got {value})", value=prompt_bars)
         # leading empty bars (a silent intro, a pickup of rests) do not count: the prompt is the
         # first N bars of music
         lo, hi = tokenizer.range("Pitch")
         first_note = int(np.flatnonzero((ids >= lo) & (ids < hi))[0])
         skipped = int(np.searchsorted(bar_idx, first_note, side="right")) - 1
         if prompt_bars > len(bar_idx) - skipped:
-            raise SpemusicError(f"{path}: the prompt has {len(bar_idx) - skipped} bars from its first note (bar "
-                                f"{skipped + 1}); --prompt-bars asks for {prompt_bars}")
+            raise OptionError("{path}: the prompt has {bars} bars from its first note (bar {first}); {prompt_bars} "
+                              "asks for {n}", path=str(path), bars=len(bar_idx) - skipped, first=skipped + 1,
+                              n=prompt_bars)
         if skipped:
             caveats.append(f"its first {skipped} bar{'s' * (skipped != 1)} hold no note: --prompt-bars {prompt_bars} "
                            f"takes bars {skipped + 1}-{skipped + prompt_bars}")
@@ -170,8 +171,9 @@ def load_prompt(path: Path, tokenizer: REMITokenizer, prompt_bars: int | None = 
         end_beats = bars[-1]
     if len(ids) > MAX_PROMPT_TOKENS:  # priming is flat in memory, but its time grows with the prompt
         n = count_bars(ids, tokenizer)
-        raise SpemusicError(f"{path}: the prompt is {len(ids):,} tokens ({n:,} bar{'s' * (n != 1)}); a prompt may hold at most "
-                            f"{MAX_PROMPT_TOKENS:,}: take fewer bars with --prompt-bars or --from-bar")
+        raise OptionError("{path}: the prompt is {tokens:,} tokens ({n:,} bar{s}); a prompt may hold at most {most:,}: "
+                          "take fewer bars with {prompt_bars} or {from_bar}", path=str(path), tokens=len(ids), n=n,
+                          s="s" * (n != 1), most=MAX_PROMPT_TOKENS)
     end_tick = end_qpm = None
     if beat_map is not None:
         # beat_map ticks are the file's as symusic reads them; miditoolkit reads the same ticks

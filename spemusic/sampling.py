@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from .device import cpu_has_fast_bf16
-from .errors import MidiError, SpemusicError
+from .errors import MidiError, OptionError
 from .grammar import BAR, NOTE_END, POSITION, PROGRAM, TIMESIG, GrammarState, REMIGrammar
 from .model import Performer
 from .tokenizer import REMITokenizer
@@ -28,24 +28,24 @@ class SamplingOptions:
 
     def check(self) -> None:
         if not (1e-3 <= self.temperature <= 1e3):  # (NaN fails too) beyond: one-hot or uniform in float32
-            raise SpemusicError(f"--temperature must be between 0.001 and 1000 (got {self.temperature})")
+            raise OptionError("{temperature} must be between 0.001 and 1000 (got {value})", value=self.temperature)
         if self.top_k < 0:
-            raise SpemusicError(f"--top-k must be 0 (off) or a positive number (got {self.top_k})")
+            raise OptionError("{top_k} must be 0 (off) or a positive number (got {value})", value=self.top_k)
         if not (0 < self.top_p <= 1):
-            raise SpemusicError(f"--top-p must be in (0, 1] (got {self.top_p})")
+            raise OptionError("{top_p} must be in (0, 1] (got {value})", value=self.top_p)
         if not (0 < self.bar_top_p <= 1):
-            raise SpemusicError(f"--bar-top-p must be in (0, 1] (got {self.bar_top_p})")
+            raise OptionError("{bar_top_p} must be in (0, 1] (got {value})", value=self.bar_top_p)
 
 
 def check_length_bars(length: int | None, bars: int | None) -> None:
     if length is None and bars is None:
-        raise SpemusicError("give --length N (tokens) or --bars B")
+        raise OptionError("give {length} N (tokens) or {bars} B")
     if length is not None and bars is not None:
-        raise SpemusicError("give --length or --bars, not both")
+        raise OptionError("give {length} or {bars}, not both")
     if length is not None and length < 1:
-        raise SpemusicError(f"--length must be at least 1 (got {length})")
+        raise OptionError("{length} must be at least 1 (got {value})", value=length)
     if bars is not None and bars < 1:
-        raise SpemusicError(f"--bars must be at least 1 (got {bars})")
+        raise OptionError("{bars} must be at least 1 (got {value})", value=bars)
 
 
 def filter_logits(logits: torch.Tensor, opts: SamplingOptions, at_bar: torch.Tensor | None = None) -> torch.Tensor:
@@ -140,8 +140,8 @@ def opens_on_meter(st: GrammarState, from_scratch: bool) -> bool:
 def chord_ids(tokenizer: REMITokenizer, names: list[str]) -> list[int]:
     """Token ids of chord names (vocabulary names such as ``"A:min"``, or ``"N"``)."""
     if not tokenizer.config.chords:
-        raise SpemusicError("this model has no chord tokens, so --chords cannot steer it (the default pop-piano has "
-                            "them)")
+        raise OptionError("this model has no chord tokens, so {chords} cannot steer it (the default pop-piano has "
+                          "them)")
     return [tokenizer.token_to_id[f"Chord_{n}"] for n in names]
 
 
@@ -156,13 +156,14 @@ def opening_tokens(tokenizer: REMITokenizer, meter: str | None = None,
                 if grammar.timesig_ok[tokenizer.token_to_id[f"TimeSig_{n}/{d}"]]]
         name = meter.strip().replace(" ", "")
         if name not in fits:
-            raise SpemusicError(f"--meter {meter}: not in this model's vocabulary; it has {', '.join(fits)}")
+            raise OptionError("{meter} {value}: not in this model's vocabulary; it has {fits}", value=meter,
+                              fits=", ".join(fits))
         meter_id = tokenizer.token_to_id[f"TimeSig_{name}"]
     if tempo is not None:
         lo, hi = tokenizer.config.tempo_min, tokenizer.config.tempo_max
         if not (np.isfinite(tempo) and lo <= tempo <= hi):
-            raise SpemusicError(f"--tempo {tempo:g}: this model's tempo tokens run from {lo:g} to {hi:g} BPM "
-                                f"({tokenizer.config.num_tempo_bins} steps)")
+            raise OptionError("{tempo} {value:g}: this model's tempo tokens run from {lo:g} to {hi:g} BPM ({n} steps)",
+                              value=tempo, lo=lo, hi=hi, n=tokenizer.config.num_tempo_bins)
         tempo_id = tokenizer.range("Tempo")[0] + int(tokenizer.tempo_bin([tempo])[0])
     return meter_id, tempo_id
 
@@ -255,10 +256,10 @@ def sample(model: Performer, tokenizer: REMITokenizer, *, num: int = 1, length: 
     prompt = np.asarray(prompt, dtype=np.int64)
     max_tokens = len(prompt) + (length if length is not None else 10**9)
     if model.cfg.has_absolute_pe and length is not None and max_tokens > model.cfg.max_len:
-        need = (f"the prompt's {len(prompt)} tokens and --length {length} need {max_tokens}" if len(prompt) > 1
-                else f"--length {length} needs {max_tokens} with the start token")
-        raise SpemusicError(f"this model uses an absolute positional encoding limited to {model.cfg.max_len} "
-                            f"tokens; {need}")
+        need = ("the prompt's {prompt} tokens and {length} {n} need {total}" if len(prompt) > 1
+                else "{length} {n} needs {total} with the start token")
+        raise OptionError("this model uses an absolute positional encoding limited to {limit} tokens; " + need,
+                          limit=model.cfg.max_len, prompt=len(prompt), n=length, total=max_tokens)
     states = [GrammarState() for _ in range(num)]
     for st in states:
         for t in prompt:

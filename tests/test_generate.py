@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from spemusic.checkpoint import load_model
-from spemusic.errors import SpemusicError
+from spemusic.errors import OptionError
 from spemusic.grammar import REMIGrammar
 from spemusic.sampling import SamplingOptions, filter_logits, sample
 
@@ -79,8 +79,30 @@ def test_bar_top_p_applies_right_after_a_bar_only():
     opts = SamplingOptions(top_p=1.0, bar_top_p=0.5)
     kept = torch.isfinite(filter_logits(logits, opts, at_bar=torch.tensor([True, False])))
     assert kept.tolist() == [[True, False, False, False], [True, True, True, True]]
-    with pytest.raises(SpemusicError, match="--bar-top-p"):
+    with pytest.raises(OptionError, match=r"^bar_top_p must be in \(0, 1\] \(got 0\)$"):
         SamplingOptions(bar_top_p=0).check()
+
+
+def test_library_errors_name_parameters_and_the_cli_names_flags(run_cli, tmp_path):
+    from spemusic.cli import _flag
+    from spemusic.keys import parse_key
+    from spemusic.sampling import check_length_bars
+
+    with pytest.raises(OptionError) as e:
+        SamplingOptions(temperature=0).check()
+    assert str(e.value) == "temperature must be between 0.001 and 1000 (got 0)"
+    assert e.value.spelled(_flag) == "--temperature must be between 0.001 and 1000 (got 0)"
+    with pytest.raises(OptionError) as e:
+        check_length_bars(5, 2)
+    assert str(e.value) == "give length or bars, not both" and "--" not in str(e.value)
+    with pytest.raises(OptionError) as e:  # braces in user text are text, not fields
+        parse_key("{tonic}")
+    assert str(e.value).startswith("key '{tonic}': give a tonic")
+    assert e.value.spelled(_flag).startswith("--key '{tonic}': give a tonic")
+    code, _, err = run_cli("generate", "--temperature", 0, "--bars", 2, "-o", tmp_path / "x.mid")
+    assert code == 1 and err.strip() == "error: --temperature must be between 0.001 and 1000 (got 0.0)", err
+    code, _, err = run_cli("generate", "--key", "{tonic}", "--bars", 2, "-o", tmp_path / "x.mid")
+    assert code == 1 and err.startswith("error: --key '{tonic}': give a tonic"), err
 
 
 def test_generate_is_deterministic(run_cli, tiny_checkpoint, tmp_path):

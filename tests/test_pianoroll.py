@@ -62,6 +62,22 @@ def test_show_bad_options(run_cli, examples, tmp_path, monkeypatch, args, messag
     assert not list(tmp_path.iterdir())
 
 
+def test_bar_range_errors_name_the_parameter_and_show_the_flag(run_cli, examples, tmp_path):
+    from spemusic.errors import OptionError
+    from spemusic.pianoroll import draw_file, parse_bar_range, parse_size
+
+    for call, text in ((lambda: parse_bar_range("{a}"), "bars '{a}': give A:B"),
+                       (lambda: parse_size("10x10"), "size '10x10': width 200-20000"),
+                       (lambda: draw_file(examples["piano"], tmp_path / "p.png", (99, 0)),
+                        f"{examples['piano']}: bars 99:4: the file has 4 bars")):
+        with pytest.raises(OptionError) as e:
+            call()
+        assert str(e.value).startswith(text) and "--" not in str(e.value), str(e.value)
+    # a file of a folder that has too few bars is skipped, with the flag
+    code, _, err = run_cli("show", examples["piano"].parent, "--bars", "3:", "-o", tmp_path / "rolls/")
+    assert code == 0 and f"skipped: {examples['groove']}: --bars 3:2: the file has 2 bars" in err, err
+
+
 def test_show_bad_files(run_cli, midi_factory, tmp_path):
     empty = midi_factory("empty.mid", [])
     code, _, err = run_cli("show", empty, "-o", tmp_path / "e.png")
