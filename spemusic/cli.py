@@ -34,8 +34,8 @@ app = typer.Typer(
 data_app = typer.Typer(help="Prepare token caches of MIDI collections.", no_args_is_help=True,
                        context_settings={"help_option_names": ["-h", "--help"]})
 app.add_typer(data_app, name="data")
-err = Console(stderr=True, soft_wrap=True)
-out = Console()
+err = Console(stderr=True, soft_wrap=True, emoji=False)  # ":100:" in a message is text, not 💯
+out = Console(emoji=False)
 
 
 def _version(value: bool) -> None:

@@ -153,6 +153,64 @@ def _file_key(p: Path) -> list:
     return [st.st_size, int(st.st_mtime)]
 
 
+def _current_cache(cache_dir: Path, config: TokenizerConfig, keys: dict, csv_key: str | None,
+                   beats_dir: Path | None, chords_dir: Path | None) -> TokenCache | None:
+    """The cache already in `cache_dir` if it was made from these very files, annotations, split
+    list and tokenizer; None if there is none or it is stale (a cache of another tokenizer is an
+    error: its folder is not ours to overwrite)."""
+    if not (cache_dir / "index.json").is_file():
+        return None
+    try:
+        old = TokenCache.load(cache_dir)
+    except SpemusicError:
+        return None
+    if old.index["fingerprint"] != config.fingerprint():
+        raise SpemusicError(f"{cache_dir}: holds a cache made with another tokenizer config; choose another folder")
+    same_annotations = [old.index.get(k) for k in ("beats", "chords")] == [
+        str(d.resolve()) if d else None for d in (beats_dir, chords_dir)]
+    if old.index["source_keys"] == keys and old.index.get("split_csv_sha1") == csv_key and same_annotations:
+        return old
+    return None
+
+
+def _tokenize_files(jobs: list[tuple], config: TokenizerConfig, workers: int,
+                    progress=None) -> dict[str, tuple[np.ndarray | None, str | None]]:
+    """path -> (token ids, None) or (None, the reason it failed), for every (path, beats, chords)
+    job; in a process pool when there are enough files to pay for it."""
+    results = {}
+    task = progress.add_task("tokenizing", total=len(jobs)) if progress is not None else None
+    if workers > 1 and len(jobs) > 8:
+        with ProcessPoolExecutor(workers, initializer=_init_worker, initargs=(config.to_dict(),)) as pool:
+            outcomes = pool.map(_encode_one, jobs, chunksize=16)
+            for path, ids, err in outcomes:
+                results[path] = (ids, err)
+                if task is not None:
+                    progress.advance(task)
+    else:
+        _init_worker(config.to_dict())
+        for job in jobs:
+            path, ids, err = _encode_one(job)
+            results[path] = (ids, err)
+            if task is not None:
+                progress.advance(task)
+    return results
+
+
+def _skip_reason(rel: str, path: str, err: str | None) -> str:
+    """Why a file was skipped, listed under its relative path (which the reason need not repeat)."""
+    reason = err.replace(path, rel) if err else "unknown error"
+    return reason[len(rel) + 2:] if reason.startswith(f"{rel}: ") else reason
+
+
+def _split_counts(entries: list[dict]) -> dict:
+    """Files and tokens of each split."""
+    counts = {s: {"files": 0, "tokens": 0} for s in SPLITS}
+    for e in entries:
+        counts[e["split"]]["files"] += 1
+        counts[e["split"]]["tokens"] += e["length"]
+    return counts
+
+
 def prepare(
     midi_dir: Path,
     cache_dir: Path,
@@ -201,57 +259,22 @@ def prepare(
             if (beats_dir or chords_dir) else _file_key(p) for r, p in zip(rel, files)}
     csv_key = hashlib.sha1(Path(split_csv).read_bytes()).hexdigest() if split_csv else None
 
-    if (cache_dir / "index.json").is_file():
-        try:
-            old = TokenCache.load(cache_dir)
-        except SpemusicError:
-            old = None
-        if old is not None:
-            if old.index["fingerprint"] != config.fingerprint():
-                raise SpemusicError(
-                    f"{cache_dir}: holds a cache made with another tokenizer config; choose another folder")
-            same_annotations = [old.index.get(k) for k in ("beats", "chords")] == [
-                str(d.resolve()) if d else None for d in (beats_dir, chords_dir)]
-            if old.index["source_keys"] == keys and old.index.get("split_csv_sha1") == csv_key and same_annotations:
-                return old, True
+    old = _current_cache(cache_dir, config, keys, csv_key, beats_dir, chords_dir)
+    if old is not None:
+        return old, True
 
     tokenizer = REMITokenizer(config)
-    workers = workers or min(os.cpu_count() or 1, 8)
-    results: dict[str, tuple[np.ndarray | None, str | None]] = {}
     paths = [str(p) for p in files]
     jobs = [(str(p), *(str(a) if a else None for a in (beat_files[r], chord_files[r]))) for r, p in zip(rel, files)]
-    if progress is not None:
-        task = progress.add_task("tokenizing", total=len(paths))
-    if workers > 1 and len(paths) > 8:
-        with ProcessPoolExecutor(workers, initializer=_init_worker, initargs=(config.to_dict(),)) as pool:
-            for path, ids, err in pool.map(_encode_one, jobs, chunksize=16):
-                results[path] = (ids, err)
-                if progress is not None:
-                    progress.advance(task)
-    else:
-        _init_worker(config.to_dict())
-        for job in jobs:
-            path, ids, err = _encode_one(job)
-            results[path] = (ids, err)
-            if progress is not None:
-                progress.advance(task)
-
+    results = _tokenize_files(jobs, config, workers or min(os.cpu_count() or 1, 8), progress)
     entries, skipped, arrays, offset = [], [], [], 0
     for r, p in zip(rel, paths):
         ids, err = results[p]
-        if ids is None:
-            reason = err.replace(p, r) if err else "unknown error"
-            if reason.startswith(f"{r}: "):  # listed under its name: the reason need not repeat it
-                reason = reason[len(r) + 2:]
-            skipped.append({"path": r, "reason": reason})
+        split = splits_by_path.get(r) if splits_by_path is not None else hash_split(r)
+        if ids is None or split is None:
+            skipped.append({"path": r, "reason": _skip_reason(r, p, err) if ids is None
+                            else f"not listed in {Path(split_csv).name}"})
             continue
-        if splits_by_path is not None:
-            split = splits_by_path.get(r)
-            if split is None:
-                skipped.append({"path": r, "reason": f"not listed in {Path(split_csv).name}"})
-                continue
-        else:
-            split = hash_split(r)
         entries.append({"path": r, "split": split, "offset": offset, "length": int(len(ids))})
         arrays.append(ids)
         offset += len(ids)
@@ -260,11 +283,6 @@ def prepare(
 
     dtype = np.uint16 if len(tokenizer) < 2**16 else np.int32
     tokens = np.concatenate(arrays).astype(dtype)
-    counts = {s: {"files": 0, "tokens": 0} for s in SPLITS}
-    for e in entries:
-        counts[e["split"]]["files"] += 1
-        counts[e["split"]]["tokens"] += e["length"]
-    used = np.unique(tokens)
     index = {
         "format": "spemusic-cache",
         "version": INDEX_VERSION,
@@ -272,14 +290,14 @@ def prepare(
         "tokenizer": config.to_dict(),
         "fingerprint": config.fingerprint(),
         "vocab_size": len(tokenizer),
-        "vocab_used": int(len(used)),
+        "vocab_used": int(len(np.unique(tokens))),
         "split_csv": str(split_csv) if split_csv else None,
         "split_csv_sha1": csv_key,
         "beats": str(beats_dir.resolve()) if beats_dir else None,
         "chords": str(chords_dir.resolve()) if chords_dir else None,
         "annotated": {"beats": sum(1 for e in entries if beat_files[e["path"]]),
                       "chords": sum(1 for e in entries if chord_files[e["path"]])},
-        "splits": counts,
+        "splits": _split_counts(entries),
         "files": entries,
         "skipped": skipped,
         "source_keys": keys,

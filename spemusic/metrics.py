@@ -137,23 +137,38 @@ def key_clarity(g: NoteGrid) -> float:
     return float(max(np.corrcoef(h, p)[0, 1] for p in profiles))
 
 
-def repetition(g: NoteGrid, window: int = 16) -> float:
-    """Mean over bars with notes of the best Jaccard overlap of the bar's (pitch, 16th) set with
-    each of the `window` bars before it: pop repeats itself, bar for bar."""
+def bar_sets(g: NoteGrid) -> list[set]:
+    """Each bar's set of (pitch, 16th from the bar line) of its pitched notes."""
     sixteenth = max(g.res // 4, 1)
     sets = [set() for _ in range(g.n_bars)]
     pitched = ~g.drum
     for b, p, q in zip(g.bar[pitched].tolist(), g.pitch[pitched].tolist(), (g.pos[pitched] // sixteenth).tolist()):
         sets[b].add((p, q))
-    scores = []
+    return sets
+
+
+def best_earlier_bars(g: NoteGrid, window: int = 16) -> list[tuple[int, int, float]]:
+    """For every bar with notes after the first: (bar, the earlier bar among the `window` before it
+    whose (pitch, 16th) set overlaps it most (-1 if none has notes), that Jaccard overlap)."""
+    sets = bar_sets(g)
+    rows = []
     for b in range(1, g.n_bars):
         if not sets[b]:
             continue
-        best = 0.0
+        best, best_a = 0.0, -1
         for a in range(max(0, b - window), b):
             if sets[a]:
-                best = max(best, len(sets[a] & sets[b]) / len(sets[a] | sets[b]))
-        scores.append(best)
+                j = len(sets[a] & sets[b]) / len(sets[a] | sets[b])
+                if j > best or best_a < 0:
+                    best, best_a = j, a
+        rows.append((b, best_a, best))
+    return rows
+
+
+def repetition(g: NoteGrid, window: int = 16) -> float:
+    """Mean over bars with notes of the best Jaccard overlap of the bar's (pitch, 16th) set with
+    each of the `window` bars before it: pop repeats itself, bar for bar."""
+    scores = [j for _, _, j in best_earlier_bars(g, window)]
     return float(np.mean(scores)) if scores else float("nan")
 
 

@@ -76,6 +76,9 @@ def test_bar_range_errors_name_the_parameter_and_show_the_flag(run_cli, examples
     # a file of a folder that has too few bars is skipped, with the flag
     code, _, err = run_cli("show", examples["piano"].parent, "--bars", "3:", "-o", tmp_path / "rolls/")
     assert code == 0 and f"skipped: {examples['groove']}: --bars 3:2: the file has 2 bars" in err, err
+    # rich prints ":100:" as an emoji unless told not to
+    code, _, err = run_cli("show", examples["piano"], "--bars", "99:100", "-o", tmp_path / "p.png")
+    assert code == 1 and "--bars 99:100: the file has 4 bars" in err, err
 
 
 def test_show_bad_files(run_cli, midi_factory, tmp_path):
