@@ -215,6 +215,46 @@ def auto_step_dtype(device, batch: int) -> torch.dtype:
     return torch.float16
 
 
+@dataclass
+class _Steering:
+    """What the user asked of the pieces beyond the grammar, as masks and logit offsets: a chord
+    progression (one chord per bar, repeating; its tones favoured by `chord_strength` nats), the
+    opening meter and tempo, and the number of bars."""
+    grammar: REMIGrammar
+    trained: np.ndarray | None            # the model's trained vocabulary (next_token_mask)
+    forced: list[int] | None = None       # Chord token of each bar of the progression
+    tones: torch.Tensor | None = None     # (len(progression), V) logit offsets of its chord tones
+    meter_id: int | None = None
+    tempo_id: int | None = None
+    bars: int | None = None
+
+    @classmethod
+    def of(cls, tokenizer, grammar, trained, chords, chord_strength, meter, tempo, bars, device) -> _Steering:
+        meter_id, tempo_id = opening_tokens(tokenizer, meter, tempo)
+        tones = (chord_tones(tokenizer, chords) * chord_strength).to(device) if chords and chord_strength else None
+        return cls(grammar, trained, chord_ids(tokenizer, chords) if chords else None, tones, meter_id, tempo_id, bars)
+
+    def mask(self, st: GrammarState, bars_started: int, from_scratch: bool) -> np.ndarray:
+        """The tokens allowed next in a piece in grammar state `st`, `bars_started` bars in."""
+        mask = next_token_mask(self.grammar, st, self.trained, from_scratch=from_scratch,
+                               closing=self.bars is not None and bars_started >= self.bars)
+        if self.forced is not None:
+            force_chord(mask, st, self.forced[(bars_started - 1) % len(self.forced)], self.grammar)
+        if self.meter_id is not None and st.last == BAR and st.bars == 1:
+            mask[:] = False
+            mask[self.meter_id] = True
+        tempo_lo, tempo_hi = self.grammar.tok.range("Tempo")
+        if self.tempo_id is not None and st.tempo < 0 and mask[tempo_lo:tempo_hi].any():
+            mask[tempo_lo:tempo_hi] = False  # the piece's first tempo
+            mask[self.tempo_id] = True
+        return mask
+
+    def favour_chord_tones(self, logits: torch.Tensor, st: GrammarState, bars_started: int) -> None:
+        """Where a pitch comes next, add the bar's chord tones' offsets to `logits` (in place)."""
+        if self.tones is not None and st.last == PROGRAM:
+            logits += self.tones[(bars_started - 1) % len(self.forced)]
+
+
 @torch.inference_mode()
 def sample(model: Performer, tokenizer: REMITokenizer, *, num: int = 1, length: int | None = None,
            bars: int | None = None, prompt: np.ndarray | None = None, options: SamplingOptions | None = None,
@@ -241,14 +281,10 @@ def sample(model: Performer, tokenizer: REMITokenizer, *, num: int = 1, length: 
     # pop-piano (8 pieces of 1,024 tokens, top-p 0.95): notes per onset 2.69 strict vs 3.82
     # any order (real songs 1.87), H1 2.29 vs 2.59 (real 2.11)
     grammar = REMIGrammar(tokenizer, strict_order=model.cfg.short_conv > 0)
-    trained = model.trained_tokens
-    forced = chord_ids(tokenizer, chords) if chords else None
-    meter_id, tempo_id = opening_tokens(tokenizer, meter, tempo)
-    tempo_lo, tempo_hi = tokenizer.range("Tempo")
     model.eval()
     model.resample(seed)
     device = next(model.parameters()).device
-    tones = (chord_tones(tokenizer, chords) * chord_strength).to(device) if chords and chord_strength else None
+    steer = _Steering.of(tokenizer, grammar, model.trained_tokens, chords, chord_strength, meter, tempo, bars, device)
     gen = torch.Generator(device="cpu").manual_seed(seed)
 
     if prompt is None:
@@ -288,23 +324,12 @@ def sample(model: Performer, tokenizer: REMITokenizer, *, num: int = 1, length: 
                 elif force_bar:
                     masks[b, tokenizer.bar_id] = True
                 else:
-                    st = states[b]
-                    masks[b] = next_token_mask(grammar, st, trained, from_scratch=from_scratch,
-                                               closing=bars is not None and bars_started[b] >= bars)
-                    if forced is not None:
-                        force_chord(masks[b], st, forced[(bars_started[b] - 1) % len(forced)], grammar)
-                    if meter_id is not None and st.last == BAR and st.bars == 1:
-                        masks[b, :] = False
-                        masks[b, meter_id] = True
-                    if tempo_id is not None and st.tempo < 0 and masks[b, tempo_lo:tempo_hi].any():
-                        masks[b, tempo_lo:tempo_hi] = False  # the piece's first tempo
-                        masks[b, tempo_id] = True
+                    masks[b] = steer.mask(states[b], bars_started[b], from_scratch)
             force_bar = False
             logits = logits.float()
-            if tones is not None:  # pitches of the bar's chord are favoured
-                for b in range(num):
-                    if not done[b] and states[b].last == PROGRAM:
-                        logits[b] += tones[(bars_started[b] - 1) % len(forced)]
+            for b in range(num):
+                if not done[b]:
+                    steer.favour_chord_tones(logits[b], states[b], bars_started[b])
             masked = logits.masked_fill(~torch.from_numpy(masks).to(device), float("-inf"))
             at_bar = torch.tensor([not done[b] and states[b].last == BAR for b in range(num)])
             probs = torch.softmax(filter_logits(masked, options, at_bar), dim=-1).cpu()
