@@ -14,6 +14,11 @@ Second, the plainest test of copying: each song's first bars, then its 7th bar p
 and the model's probability for the Pitch tokens of each repeat. A model that copies is nearly
 sure of the notes from the second repeat on.
 
+Third, how sharp the attention is: on one valid song (1,024 tokens), the exact softmax weights over
+each layer's q̂, k̂ (the kernel FAVOR+ estimates), their entropy as a share of the uniform
+distribution's (1: attends to everything alike) and the largest weight, at positions 512 on. A
+copying head puts most of its weight on one earlier token.
+
 `--exact-softmax` scores with exact softmax attention over the same q̂, k̂ (the kernel FAVOR+
 estimates with random features): is the approximation what blurs the copying, or the weights?
 
@@ -82,6 +87,35 @@ def repeated_bar(model, tok, songs, bar: int = 6, repeats: int = 8) -> np.ndarra
     return np.stack([p_sum / p_n, nll_sum / nll_n], axis=1)
 
 
+def attention_sharpness(model, song: np.ndarray, length: int = 1024) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Per layer, per head: mean entropy of the exact softmax weights over the layer's q̂, k̂ as a
+    share of log(context), and mean largest weight, over positions length/2 on."""
+    from spemusic.model import Attention
+
+    recorded, qkv = [], Attention._qkv
+
+    def record(self, x, norm, ctx):
+        q, k, v = qkv(self, x, norm, ctx)
+        recorded.append((q[0], k[0]))
+        return q, k, v
+
+    Attention._qkv = record  # read q̂, k̂ as the model makes them
+    try:
+        with torch.no_grad():
+            model(torch.from_numpy(song[None, :length]))
+    finally:
+        Attention._qkv = qkv
+    causal = torch.ones(length, length, dtype=torch.bool).tril()
+    late = slice(length // 2, length)
+    uniform = torch.log(torch.arange(1, length + 1, dtype=torch.float32))[late]
+    rows = []
+    for q, k in recorded:
+        w = torch.softmax((q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5).masked_fill(~causal, float("-inf")), -1)
+        entropy = -(w * torch.log(w.clamp_min(1e-30))).sum(-1)[:, late]
+        rows.append(((entropy / uniform).mean(-1).numpy(), w.max(-1).values[:, late].mean(-1).numpy()))
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="pop-piano")
@@ -111,6 +145,7 @@ def main() -> None:
                 rows.append((j, a >= 0 and (pitch, q) in sets[a], nll[i]))
     r = np.array(rows, dtype=np.float64)
     repeat_table = repeated_bar(model, tok, songs, repeats=args.repeats)
+    sharpness = attention_sharpness(model, songs[0][:1024].copy()) if len(songs[0]) >= 1024 else []
     flag = " --exact-softmax" if args.exact_softmax else ""
     print(f"$ python benchmarks/copying.py --model {args.model} --songs {args.songs} --length {args.length}{flag}\n")
     name = args.model + (" (exact softmax attention)" if flag else "")
@@ -135,6 +170,11 @@ def main() -> None:
     print("repeat   p(Pitch)   nats/token")
     for r, (p, n) in enumerate(repeat_table, 1):
         print(f"{r:6d}   {p:8.3f}   {n:10.3f}")
+    if sharpness:
+        print("\nattention on the first valid song (1,024 tokens, positions 512 on), exact softmax over q̂, k̂:")
+        print("layer   entropy / uniform: mean  lowest head   largest weight: mean  highest head")
+        for i, (ent, top) in enumerate(sharpness):
+            print(f"{i:5d}   {ent.mean():23.2f}  {ent.min():11.2f}   {top.mean():20.3f}  {top.max():12.3f}")
 
 
 if __name__ == "__main__":

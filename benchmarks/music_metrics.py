@@ -69,6 +69,7 @@ def main() -> None:
     ap.add_argument("--top-p", type=float, default=None, help="default: the model's, as generate has it")
     ap.add_argument("--bar-top-p", type=float, default=None, help="default: the model's, as generate has it")
     ap.add_argument("--temperature", type=float, default=1.0)
+    ap.add_argument("--seed", type=int, default=0, help="added to every piece's seed: another draw of the same benchmark")
     ap.add_argument("--out", default="benchmarks/results/music_metrics.json")
     args = ap.parse_args()
     def options(model_name: str) -> SamplingOptions:  # the defaults of `generate` for that model
@@ -142,14 +143,14 @@ def pop_piano(args, opts) -> dict:
     t0 = time.perf_counter()
     generated = []
     for b in range(0, args.pieces, args.batch):
-        generated += sample(model, tok, num=min(args.batch, args.pieces - b), length=args.length, seed=1000 + b,
+        generated += sample(model, tok, num=min(args.batch, args.pieces - b), length=args.length, seed=args.seed + 1000 + b,
                             options=opts).ids
     # continuations of 4-bar prompts (the valid songs' first four bars), each by one piece
     prompts = [s[: np.flatnonzero(s == tok.bar_id)[4]] for s in valid if np.count_nonzero(s == tok.bar_id) > 5]
     prompts = (prompts * 2)[: args.pieces]
     continued = []
     for i, p in enumerate(prompts):
-        out = sample(model, tok, num=1, length=max(args.length - len(p), 128), prompt=p, seed=2000 + i,
+        out = sample(model, tok, num=1, length=max(args.length - len(p), 128), prompt=p, seed=args.seed + 2000 + i,
                      options=opts).ids[0]
         continued.append(drop_bars(out, tok, 4))
     wall = time.perf_counter() - t0
@@ -178,7 +179,7 @@ def pop_piano(args, opts) -> dict:
         for strength in (0.0, CHORD_STRENGTH):
             forced = []
             for b in range(0, args.pieces, args.batch):
-                forced += sample(model, tok, num=min(args.batch, args.pieces - b), length=args.length, seed=3000 + b,
+                forced += sample(model, tok, num=min(args.batch, args.pieces - b), length=args.length, seed=args.seed + 3000 + b,
                                  options=opts, chords=progression, chord_strength=strength).ids
             fh = fc = 0
             for s in forced:

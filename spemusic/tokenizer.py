@@ -449,6 +449,26 @@ class _Parsed:
                  "chord_marks", "warnings")
 
 
+def _onsets_with_chords(onsets: np.ndarray, chord_steps, last_step: int) -> tuple[np.ndarray, np.ndarray | None]:
+    """The grid steps that open a Position: every note onset, and every chord change up to the last
+    onset (a Position may hold only a Chord). With the Chord index at each (-1: no change there),
+    or None without chord annotations. Several changes at one step: the last wins; a change to
+    the chord already in force is none."""
+    if chord_steps is None:
+        return onsets, None
+    cs, ci = chord_steps
+    keep = cs <= last_step
+    cs, ci = cs[keep], ci[keep]
+    last_of_step = np.r_[cs[1:] != cs[:-1], True] if len(cs) else np.zeros(0, bool)
+    cs, ci = cs[last_of_step], ci[last_of_step]
+    change = np.r_[True, ci[1:] != ci[:-1]] if len(ci) else np.zeros(0, bool)
+    cs, ci = cs[change], ci[change]
+    steps = np.union1d(onsets, cs)
+    chord_at = np.full(len(steps), -1, dtype=np.int64)
+    chord_at[np.searchsorted(steps, cs)] = ci
+    return steps, chord_at
+
+
 class REMITokenizer:
     """REMI tokenizer; see the module docstring for the vocabulary and grammar."""
 
@@ -895,6 +915,19 @@ class REMITokenizer:
             raise MidiError(f"{p.name}: too long ({nbars} bars)")
         return bar_start, bar_ts, moved
 
+    def _tempo_bins_at(self, p: _Parsed, steps: np.ndarray) -> tuple[np.ndarray, int]:
+        """The tempo bin in force at each grid step of `steps` (120 BPM before the first tempo), and
+        how many of the file's tempos lie outside the vocabulary's range (clipped to it)."""
+        cfg = self.config
+        if not len(p.tempo_time):
+            return np.repeat(self.tempo_bin([120.0]), len(steps)), 0
+        torder = np.argsort(p.tempo_time, kind="stable")
+        t_steps = np.concatenate(([-1], _round_div(np.maximum(p.tempo_time[torder], 0), cfg.beat_resolution, p.tpq)))
+        qpm = p.tempo_qpm[torder]
+        t_bins = np.concatenate((self.tempo_bin([120.0]), self.tempo_bin(qpm)))
+        clipped = int(np.count_nonzero((qpm < cfg.tempo_min * 0.999) | (qpm > cfg.tempo_max * 1.001)))
+        return t_bins[np.searchsorted(t_steps, steps, side="right") - 1], clipped
+
     def _encode_parsed(self, p: _Parsed, chord_steps=None) -> tuple[np.ndarray, dict[str, Any]]:
         cfg = self.config
         res = cfg.beat_resolution
@@ -934,35 +967,12 @@ class REMITokenizer:
         # onsets: every note onset, and every chord change (a Position may hold only a Chord)
         first = np.ones(n, dtype=bool)
         first[1:] = on[1:] != on[:-1]
-        u_step = on[first]
-        chord_at = None
-        if chord_steps is not None:
-            cs, ci = chord_steps
-            keep = cs <= last_step
-            cs, ci = cs[keep], ci[keep]
-            last_of_step = np.r_[cs[1:] != cs[:-1], True] if len(cs) else np.zeros(0, bool)
-            cs, ci = cs[last_of_step], ci[last_of_step]  # several changes at one step: the last wins
-            change = np.r_[True, ci[1:] != ci[:-1]] if len(ci) else np.zeros(0, bool)
-            cs, ci = cs[change], ci[change]
-            u_step = np.union1d(u_step, cs)
-            chord_at = np.full(len(u_step), -1, dtype=np.int64)
-            chord_at[np.searchsorted(u_step, cs)] = ci
+        u_step, chord_at = _onsets_with_chords(on[first], chord_steps, last_step)
         nu = len(u_step)
         u_bar = np.searchsorted(bar_start, u_step, side="right") - 1
         u_pos = u_step - bar_start[u_bar]
 
-        # tempo in force at each onset
-        if len(p.tempo_time):
-            torder = np.argsort(p.tempo_time, kind="stable")
-            t_steps = np.concatenate(([-1], _round_div(np.maximum(p.tempo_time[torder], 0), res, tpq)))
-            qpm = p.tempo_qpm[torder]
-            t_bins = np.concatenate((self.tempo_bin([120.0]), self.tempo_bin(qpm)))
-            tempos_clipped = int(np.count_nonzero((qpm < cfg.tempo_min * 0.999) | (qpm > cfg.tempo_max * 1.001)))
-        else:
-            t_steps = np.array([-1], dtype=np.int64)
-            t_bins = self.tempo_bin([120.0])
-            tempos_clipped = 0
-        u_tempo = t_bins[np.searchsorted(t_steps, u_step, side="right") - 1]
+        u_tempo, tempos_clipped = self._tempo_bins_at(p, u_step)
         tempo_flag = np.ones(nu, dtype=bool)
         tempo_flag[1:] = u_tempo[1:] != u_tempo[:-1]
 
