@@ -77,11 +77,48 @@ def parse_size(text: str) -> tuple[int, int]:
     return w, h
 
 
+def _draw_notes(ax, tracks: list[tuple], names: list[str]) -> None:
+    """Pitched tracks as bars, one colour each, louder notes darker; black keys shaded, C's named."""
+    import matplotlib
+    import pretty_midi
+
+    all_pitches = np.concatenate([pitch for _, _, pitch, _ in tracks])
+    lo, hi = (int(all_pitches.min()) - 2, int(all_pitches.max()) + 2) if len(all_pitches) else (48, 84)
+    for p in range(lo, hi + 1):  # black keys shaded, as on a keyboard
+        if p % 12 in BLACK_KEYS:
+            ax.axhspan(p - 0.5, p + 0.5, color="#000000", alpha=0.045, lw=0)
+    for i, ((start, end, pitch, vel), name) in enumerate(zip(tracks, names)):
+        rgba = np.tile(matplotlib.colors.to_rgba(TRACK_COLOURS[i % len(TRACK_COLOURS)]), (len(start), 1))
+        rgba[:, 3] = 0.3 + 0.7 * vel / 127  # louder notes darker
+        ax.barh(pitch, end - start, left=start, height=0.85, color=rgba, lw=0, label=name)
+    ax.set_ylim(lo - 0.5, hi + 0.5)
+    cs = [p for p in range(lo, hi + 1) if p % 12 == 0]
+    ax.set_yticks(cs, [pretty_midi.note_number_to_name(p) for p in cs])
+    ax.set_ylabel("pitch")
+    if len(tracks) > 1:
+        ax.legend(loc="upper right", fontsize=8, framealpha=0.8)
+
+
+def _draw_drums(ax, hits: list[tuple]) -> None:
+    """Drum hits as ticks on one named row per drum sound, louder hits darker."""
+    import matplotlib
+    import pretty_midi
+
+    kinds = sorted({int(p) for h in hits for p in h[2]})
+    row = {p: i for i, p in enumerate(kinds)}
+    for start, _, pitch, vel in hits:
+        colours = np.tile(matplotlib.colors.to_rgba("#333333"), (len(start), 1))
+        colours[:, 3] = 0.3 + 0.7 * vel / 127
+        ax.scatter(start, [row[int(p)] for p in pitch], marker="|", s=60, c=colours, linewidths=1.5)
+    ax.set_yticks(range(len(kinds)), [_drum_name(pretty_midi, p) for p in kinds], fontsize=7)
+    ax.set_ylim(-0.7, len(kinds) - 0.3)
+    ax.set_ylabel("drums")
+
+
 def render(score: symusic.Score, fmt: str = ".png", bars: tuple[int, int] | None = None,
            size: tuple[int, int] | None = None, title: str | None = None) -> bytes:
     """The piano roll of `score` as PNG, SVG or PDF bytes."""
     plt = require_matplotlib()
-    import matplotlib
     import pretty_midi
 
     if fmt not in FORMATS:
@@ -116,36 +153,10 @@ def render(score: symusic.Score, fmt: str = ".png", bars: tuple[int, int] | None
     ax_drums = axes[-1] if drums else None
 
     if ax_notes is not None:
-        all_pitches = np.concatenate([notes_of(t)[2] for t in pitched])
-        lo, hi = (int(all_pitches.min()) - 2, int(all_pitches.max()) + 2) if len(all_pitches) else (48, 84)
-        for p in range(lo, hi + 1):  # black keys shaded, as on a keyboard
-            if p % 12 in BLACK_KEYS:
-                ax_notes.axhspan(p - 0.5, p + 0.5, color="#000000", alpha=0.045, lw=0)
-        for i, track in enumerate(pitched):
-            start, end, pitch, vel = notes_of(track)
-            rgba = np.tile(matplotlib.colors.to_rgba(TRACK_COLOURS[i % len(TRACK_COLOURS)]), (len(start), 1))
-            rgba[:, 3] = 0.3 + 0.7 * vel / 127  # louder notes darker
-            ax_notes.barh(pitch, end - start, left=start, height=0.85, color=rgba, lw=0,
-                          label=track.name or pretty_midi.program_to_instrument_name(track.program))
-        ax_notes.set_ylim(lo - 0.5, hi + 0.5)
-        cs = [p for p in range(lo, hi + 1) if p % 12 == 0]
-        ax_notes.set_yticks(cs, [pretty_midi.note_number_to_name(p) for p in cs])
-        ax_notes.set_ylabel("pitch")
-        if len(pitched) > 1:
-            ax_notes.legend(loc="upper right", fontsize=8, framealpha=0.8)
-
+        _draw_notes(ax_notes, [notes_of(t) for t in pitched],
+                    [t.name or pretty_midi.program_to_instrument_name(t.program) for t in pitched])
     if ax_drums is not None:
-        hits = [notes_of(t) for t in drums]
-        kinds = sorted({int(p) for h in hits for p in h[2]})
-        row = {p: i for i, p in enumerate(kinds)}
-        for start, _, pitch, vel in hits:
-            alpha = 0.3 + 0.7 * vel / 127
-            colours = np.tile(matplotlib.colors.to_rgba("#333333"), (len(start), 1))
-            colours[:, 3] = alpha
-            ax_drums.scatter(start, [row[int(p)] for p in pitch], marker="|", s=60, c=colours, linewidths=1.5)
-        ax_drums.set_yticks(range(len(kinds)), [_drum_name(pretty_midi, p) for p in kinds], fontsize=7)
-        ax_drums.set_ylim(-0.7, len(kinds) - 0.3)
-        ax_drums.set_ylabel("drums")
+        _draw_drums(ax_drums, [notes_of(t) for t in drums])
 
     shown = grid.starts[first - 1:last + 1]
     beats = grid.beats[(grid.beats >= x0) & (grid.beats <= x1)]
@@ -162,13 +173,20 @@ def render(score: symusic.Score, fmt: str = ".png", bars: tuple[int, int] | None
     numbered = [b for b in range(first, last + 1) if (b - first) % every == 0]
     axes[-1].set_xticks([grid.starts[b - 1] for b in numbered], [str(b) for b in numbered])
     axes[-1].set_xlabel("bar")
+    # marker labels (chords, the continuation) along the top; one that would run into the label
+    # before it goes up a line, of three (labels take ~5 px a character at 7 pt: 6 leaves a gap;
+    # with every line taken, the one free first)
+    px_per_tick = width * (1 - 90 / width) / max(x1 - x0, 1)
+    ends = [-np.inf] * 3  # where the last label of each line ends, in ticks
     for time, text in markers:
         label = "continuation →" if text == CONTINUATION_MARKER else text
-        top.text(time, 1.005, label, transform=top.get_xaxis_transform(), fontsize=7, rotation=0,
-                 color="#d62728" if text == CONTINUATION_MARKER else "#555555", va="bottom", ha="left")
+        line = next((i for i, end in enumerate(ends) if time >= end), int(np.argmin(ends)))
+        ends[line] = time + (len(label) + 1) * 6 / px_per_tick
+        top.text(time, 1.005 + 0.035 * line * 620 / height, label, transform=top.get_xaxis_transform(), fontsize=7,
+                 rotation=0, color="#d62728" if text == CONTINUATION_MARKER else "#555555", va="bottom", ha="left")
     if title:
         fig.suptitle(title, fontsize=10)
-    fig.subplots_adjust(left=70 / width, right=1 - 20 / width, bottom=45 / height, top=1 - (50 if title else 30) / height)
+    fig.subplots_adjust(left=70 / width, right=1 - 20 / width, bottom=45 / height, top=1 - (74 if title else 54) / height)
     buf = io.BytesIO()
     fig.savefig(buf, format=fmt[1:], dpi=DPI)
     plt.close(fig)
