@@ -467,7 +467,8 @@ def train(
     warmup: int | None = typer.Option(None, rich_help_panel="Optimisation",
                                          help="Linear warmup steps, then cosine decay. \\[default: 100]"),
     weight_decay: float | None = typer.Option(None, rich_help_panel="Optimisation",
-                                                 help="AdamW weight decay. \\[default: 0.1]"),
+                                                 help="AdamW weight decay, on the weight matrices (not on embeddings, "
+                                                 "gains, biases or the positional encoding). \\[default: 0.1]"),
     feature_redraw: int | None = typer.Option(None, rich_help_panel="Optimisation",
                                                  help="Redraw FAVOR+ features every N steps (0: never). \\[default: 1000]"),
     val_every: int | None = typer.Option(None, rich_help_panel="Run", help="Validate every N steps. \\[default: 200]"),

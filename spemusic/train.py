@@ -156,12 +156,27 @@ def lr_lambda(warmup: int, total: int, floor: float = 0.1):
     return f
 
 
+def decay_groups(model: torch.nn.Module, legacy: bool = False) -> tuple[list, list]:
+    """(parameters with weight decay, parameters without): decay on the weight matrices and
+    convolution taps, none on embeddings, gains, biases, nor on the positional encoding's own
+    parameters (sine frequencies, phases and gains, conv kernels, gates), which are not weights
+    that decay towards 0 should shrink: decayed, the gates of the shipped pop-piano stayed at
+    sigmoid(0) = 0.5. `legacy`: the rule of runs before 2026-12-02, which decayed those too (so
+    that such runs resume exactly as they were going)."""
+    from .spe import SPE, SPEFilter
+
+    positional = {id(p) for m in model.modules() if isinstance(m, (SPE, SPEFilter)) for p in m.parameters()}
+    decays = [p.dim() >= 2 and "embed" not in n and (legacy or id(p) not in positional)
+              for n, p in model.named_parameters()]
+    params = [p for _, p in model.named_parameters()]
+    return [p for p, d in zip(params, decays) if d], [p for p, d in zip(params, decays) if not d]
+
+
 def build_optimizer(model: Performer, lr: float, weight_decay: float, device: torch.device) -> torch.optim.AdamW:
-    """AdamW with weight decay on the matrices (embeddings excepted), none on gains and biases.
-    Fused (one kernel over all tensors) on CPUs as on GPUs: on a CPU the default foreach form
-    took several times longer per optimizer step."""
-    decay = [p for n, p in model.named_parameters() if p.dim() >= 2 and "embed" not in n]
-    no_decay = [p for n, p in model.named_parameters() if not (p.dim() >= 2 and "embed" not in n)]
+    """AdamW with weight decay where `decay_groups` puts it. Fused (one kernel over all tensors)
+    on CPUs as on GPUs: on a CPU the default foreach form took several times longer per optimizer
+    step."""
+    decay, no_decay = decay_groups(model)
     return torch.optim.AdamW([{"params": decay, "weight_decay": weight_decay},
                               {"params": no_decay, "weight_decay": 0.0}],
                              lr=lr, betas=(0.9, 0.95), fused=device.type in ("cuda", "cpu"))
@@ -529,12 +544,26 @@ def trainer_state(state: RunState, optimizer, scheduler, device: torch.device, e
     return saved
 
 
-def restore_trainer_state(run: Run, state: RunState, optimizer, scheduler, device: torch.device) -> None:
+def _legacy_groups_if_saved_so(optimizer, saved: dict, model: torch.nn.Module) -> None:
+    """A run saved with the legacy decay rule (`decay_groups`) goes on with it: its optimizer
+    state lists its parameters in that rule's groups."""
+    sizes = [len(g["params"]) for g in saved.get("param_groups", [])]
+    if sizes == [len(g["params"]) for g in optimizer.param_groups]:
+        return
+    legacy = decay_groups(model, legacy=True)
+    if sizes == [len(group) for group in legacy]:
+        for group, params in zip(optimizer.param_groups, legacy):
+            group["params"] = params
+
+
+def restore_trainer_state(run: Run, state: RunState, model: torch.nn.Module, optimizer, scheduler,
+                          device: torch.device) -> None:
     """The trainer state of the resumed run's `last`, into `state`, the optimizer, the schedule and
     the random generators, so that the run goes on exactly as if it had not stopped."""
     last, cfg = run.last, run.cfg
     saved = checkpoint.load_trainer_state(last)
     try:
+        _legacy_groups_if_saved_so(optimizer, saved["optimizer"], model)
         optimizer.load_state_dict(saved["optimizer"])
         scheduler.load_state_dict(saved["scheduler"])
     except (ValueError, KeyError, TypeError, RuntimeError) as e:
@@ -767,7 +796,7 @@ def train(cfg: TrainConfig | dict, run_dir: str | Path, *, resume: bool = False,
     optimizer, scheduler = build_optimizer_and_scheduler(model, cfg, device)
     state = RunState(rng=np.random.default_rng(cfg.seed))
     if run.resumed:
-        restore_trainer_state(run, state, optimizer, scheduler, device)
+        restore_trainer_state(run, state, model, optimizer, scheduler, device)
         if is_main:
             _drop_records_after(run.run_dir, state.step, events)
     elif is_main:

@@ -124,6 +124,33 @@ def test_resume_is_exact(run_cli, pop_cache, tmp_path, monkeypatch):
     assert load_model("split")[0].cfg.n_layers == 2
 
 
+def test_positional_parameters_are_not_decayed_and_a_legacy_run_resumes_with_its_rule(pop_cache, tmp_path,
+                                                                                        monkeypatch):
+    import spemusic.train as train_module
+    from spemusic.model import ModelConfig, Performer
+    from spemusic.train import decay_groups, train
+
+    model = Performer(ModelConfig(vocab_size=32, n_layers=2, d_model=32, n_heads=2, d_ff=64, pe="sinespe", gated=True,
+                                  n_realizations=8, n_features=8))
+    decay, no_decay = (set(map(id, group)) for group in decay_groups(model))
+    names = {id(p): n for n, p in model.named_parameters()}
+    assert {names[i] for i in no_decay if names[i].startswith("spe.") or names[i].endswith(".gate")} == {
+        n for n in names.values() if n.startswith("spe.") or n.endswith(".gate")}
+    assert any(names[i].endswith("qkv.weight") for i in decay)
+    legacy_decay, _ = decay_groups(model, legacy=True)
+    assert len(legacy_decay) > len(decay)  # the legacy rule decayed the positional parameters too
+    # a run saved under the legacy rule resumes under it: the same weights as the run left alone
+    monkeypatch.setattr(train_module, "decay_groups", lambda model, legacy=False: decay_groups(model, legacy=True))
+    common = dict(steps=30, val_every=15, save_every=100)
+    _train_lib(pop_cache, tmp_path / "once", **common)
+    _train_lib(pop_cache, tmp_path / "split", **common, stop_after=15)
+    monkeypatch.undo()
+    train({}, tmp_path / "split", resume=True)
+    a = safetensors.torch.load_file(str(tmp_path / "once" / "last" / "model.safetensors"))
+    b = safetensors.torch.load_file(str(tmp_path / "split" / "last" / "model.safetensors"))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
 def test_sigkill_leaves_a_loadable_checkpoint(pop_cache, tmp_path):
     run = tmp_path / "run"
     cmd = [sys.executable, "-m", "spemusic", "train", str(pop_cache), "-o", str(run), "--preset", "tiny",
