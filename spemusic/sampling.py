@@ -227,12 +227,14 @@ class _Steering:
     meter_id: int | None = None
     tempo_id: int | None = None
     bars: int | None = None
+    tempo_range: tuple[int, int] = (0, 0)  # the Tempo token ids
 
     @classmethod
     def of(cls, tokenizer, grammar, trained, chords, chord_strength, meter, tempo, bars, device) -> _Steering:
         meter_id, tempo_id = opening_tokens(tokenizer, meter, tempo)
         tones = (chord_tones(tokenizer, chords) * chord_strength).to(device) if chords and chord_strength else None
-        return cls(grammar, trained, chord_ids(tokenizer, chords) if chords else None, tones, meter_id, tempo_id, bars)
+        return cls(grammar, trained, chord_ids(tokenizer, chords) if chords else None, tones, meter_id, tempo_id, bars,
+                   tokenizer.range("Tempo"))
 
     def mask(self, st: GrammarState, bars_started: int, from_scratch: bool) -> np.ndarray:
         """The tokens allowed next in a piece in grammar state `st`, `bars_started` bars in."""
@@ -243,7 +245,7 @@ class _Steering:
         if self.meter_id is not None and st.last == BAR and st.bars == 1:
             mask[:] = False
             mask[self.meter_id] = True
-        tempo_lo, tempo_hi = self.grammar.tok.range("Tempo")
+        tempo_lo, tempo_hi = self.tempo_range
         if self.tempo_id is not None and st.tempo < 0 and mask[tempo_lo:tempo_hi].any():
             mask[tempo_lo:tempo_hi] = False  # the piece's first tempo
             mask[self.tempo_id] = True
