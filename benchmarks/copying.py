@@ -21,8 +21,10 @@ copying head puts most of its weight on one earlier token.
 
 `--exact-softmax` scores with exact softmax attention over the same q̂, k̂ (the kernel FAVOR+
 estimates with random features): is the approximation what blurs the copying, or the weights?
+`--repeat W` scores the model mixed with the continuous cache that `generate --repeat W` samples
+from (spemusic.cache): the copying the network lacks, done outside it.
 
-    python benchmarks/copying.py [--model pop-piano] [--songs 34] [--length 2048]
+    python benchmarks/copying.py [--model pop-piano] [--songs 34] [--length 2048] [--repeat W]
 """
 from __future__ import annotations
 
@@ -34,9 +36,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from spemusic.cache import mixture_nll
 from spemusic.checkpoint import load_model
 from spemusic.data import open_dataset
 from spemusic.metrics import bar_sets, best_earlier_bars, note_grid
+from spemusic.sampling import SamplingOptions
 
 DATA = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "pop909"
 BUCKETS = [(0.0, 0.2), (0.2, 0.5), (0.5, 0.8), (0.8, 1.01)]
@@ -58,11 +62,16 @@ def pitch_targets(s: np.ndarray, tok) -> list[tuple[int, int, int, int]]:
     return out
 
 
+CACHE = None  # (CacheOptions, token groups) with --repeat
+
+
 def nll_of(model, s: np.ndarray) -> np.ndarray:
-    """Teacher-forced NLL of tokens 1.. of `s`."""
+    """Teacher-forced NLL of tokens 1.. of `s` (mixed with the continuous cache with --repeat)."""
     with torch.no_grad():
-        logits = model(torch.from_numpy(s[None, :-1])).float()[0]
-    return F.cross_entropy(logits, torch.from_numpy(s[1:]), reduction="none").numpy()
+        logits, hidden = model._parallel(torch.from_numpy(s[None, :-1]), False, want_hidden=True)
+        if CACHE is not None:
+            return mixture_nll(logits[0], hidden[0], torch.from_numpy(s[1:]), *CACHE).numpy()
+    return F.cross_entropy(logits[0].float(), torch.from_numpy(s[1:]), reduction="none").numpy()
 
 
 def repeated_bar(model, tok, songs, bar: int = 6, repeats: int = 8) -> np.ndarray:
@@ -123,10 +132,17 @@ def main() -> None:
     ap.add_argument("--length", type=int, default=2048, help="tokens from the start of each song")
     ap.add_argument("--repeats", type=int, default=8, help="times the 7th bar is played in the second test")
     ap.add_argument("--exact-softmax", action="store_true", help="exact softmax in place of FAVOR+, same weights")
+    ap.add_argument("--repeat", type=float, default=0.0, help="score the model mixed with the continuous cache "
+                    "of this share (generate --repeat; the attention table is the network's own)")
     args = ap.parse_args()
+    global CACHE
+    if args.repeat:
+        opts = SamplingOptions(repeat=args.repeat).cache()
     torch.manual_seed(0)
     model, tok = load_model(args.model)
     model.resample(0)
+    if args.repeat:
+        CACHE = (opts, opts.groups(tok))
     if args.exact_softmax:
         for block in model.blocks:
             block.attn.favor = False
@@ -146,9 +162,10 @@ def main() -> None:
     r = np.array(rows, dtype=np.float64)
     repeat_table = repeated_bar(model, tok, songs, repeats=args.repeats)
     sharpness = attention_sharpness(model, songs[0][:1024].copy()) if len(songs[0]) >= 1024 else []
-    flag = " --exact-softmax" if args.exact_softmax else ""
+    flag = (" --exact-softmax" if args.exact_softmax else "") + (f" --repeat {args.repeat}" if args.repeat else "")
     print(f"$ python benchmarks/copying.py --model {args.model} --songs {args.songs} --length {args.length}{flag}\n")
-    name = args.model + (" (exact softmax attention)" if flag else "")
+    name = (args.model + (" (exact softmax attention)" if args.exact_softmax else "")
+            + (f" with the continuous cache (--repeat {args.repeat})" if args.repeat else ""))
     print(f"{name}: {len(songs)} POP909 valid songs (first {args.length} tokens), {len(r):,} notes in "
           f"bars after the first, teacher-forced, fp32 ({time.perf_counter() - t0:.0f} s)\n")
     print("bar's best overlap     notes   copyable   nats/note copyable   new    p copyable   p new   ratio")

@@ -114,13 +114,24 @@ BAR_TOP_P_HELP = ("Nucleus mass at each bar line, where the model picks whether 
                   "\\[default: 0.8; 0.95 for groove]")
 
 
-def _sampling_options(info: dict, temperature: float, top_k: int, top_p, bar_top_p):
+# the continuous cache's share (--repeat, spemusic.cache) for the models it was measured with:
+# pop-piano's pieces repeat their earlier bars about as much as POP909's songs with it
+# (benchmarks/music_metrics.py --repeat); other models sample alone unless asked
+MODEL_REPEAT = {"pop-piano": 0.9}
+REPEAT_HELP = ("How strongly a piece repeats its earlier bars, 0 to 1: the share a continuous cache of the piece's "
+               "own hidden states may take where the model is somewhere it has been before (0: the model alone). "
+               "\\[default: 0.9 for pop-piano, else 0]")
+
+
+def _sampling_options(info: dict, temperature: float, top_k: int, top_p, bar_top_p, repeat=None):
     """The sampling options asked for, the model's defaults where none was given."""
     from .sampling import SamplingOptions
 
-    default_p, default_bar = MODEL_SAMPLING.get(info.get("name", ""), (TOP_P, BAR_TOP_P))
+    name = info.get("name", "")
+    default_p, default_bar = MODEL_SAMPLING.get(name, (TOP_P, BAR_TOP_P))
     options = SamplingOptions(temperature=temperature, top_k=top_k, top_p=default_p if top_p is None else top_p,
-                              bar_top_p=default_bar if bar_top_p is None else bar_top_p)
+                              bar_top_p=default_bar if bar_top_p is None else bar_top_p,
+                              repeat=MODEL_REPEAT.get(name, 0.0) if repeat is None else repeat)
     options.check()
     return options
 INTERRUPTED_AND_SAID = 1130  # exit code 130, after a command's own message about the interruption
@@ -770,6 +781,7 @@ def generate(
     temperature: float = typer.Option(1.0, help="Softmax temperature (> 0)."),
     top_p: float | None = typer.Option(None, "--top-p", help=TOP_P_HELP),
     bar_top_p: float | None = typer.Option(None, "--bar-top-p", help=BAR_TOP_P_HELP),
+    repeat: float | None = typer.Option(None, "--repeat", help=REPEAT_HELP),
     top_k: int = typer.Option(0, "--top-k", help="Keep the K most likely tokens; 0 turns it off."),
     seed: int | None = typer.Option(None, help="Random seed: same seed, options and model give the same file. "
                                        "\\[default: a new one, printed]"),
@@ -821,7 +833,7 @@ def generate(
     _generate_or_continue(model, None, None, length, bars, num, temperature, top_p, top_k, seed, output, overwrite,
                           device, precision, as_json, False, chords=progression, keep_overlaps=keep_overlaps, png=png,
                           meter=meter, tempo=tempo, threads=threads, chord_strength=chord_strength, audio=audio,
-                          bar_top_p=bar_top_p, key=key)
+                          bar_top_p=bar_top_p, key=key, repeat=repeat)
 
 
 @app.command("continue")
@@ -839,6 +851,7 @@ def continue_(
     temperature: float = typer.Option(1.0, help="Softmax temperature (> 0)."),
     top_p: float | None = typer.Option(None, "--top-p", help=TOP_P_HELP),
     bar_top_p: float | None = typer.Option(None, "--bar-top-p", help=BAR_TOP_P_HELP),
+    repeat: float | None = typer.Option(None, "--repeat", help=REPEAT_HELP),
     top_k: int = typer.Option(0, "--top-k", help="Keep the K most likely tokens; 0 turns it off."),
     seed: int | None = typer.Option(None, help="Random seed: same seed, options and model give the same file. "
                                        "\\[default: a new one, printed]"),
@@ -886,7 +899,7 @@ def continue_(
                           overwrite, device, precision, as_json, only_continuation, beats=beats, chords=progression,
                           from_bar=from_bar,
                           keep_overlaps=keep_overlaps, png=png, threads=threads, chord_strength=chord_strength,
-                          audio=audio, bar_top_p=bar_top_p)
+                          audio=audio, bar_top_p=bar_top_p, repeat=repeat)
 
 
 def _check_extra_outputs(paths, png: bool, audio: bool, overwrite: bool):
@@ -959,7 +972,7 @@ def _say_key_moves(paths, moves, key) -> None:
 def _generate_or_continue(model_name, prompt_path, prompt_bars, length, bars, num, temperature, top_p, top_k, seed,
                           output, overwrite, device, precision, as_json, only_continuation, beats=None, chords=None,
                           keep_overlaps=False, png=False, meter=None, tempo=None, threads=None, chord_strength=0.0,
-                          audio=False, bar_top_p=1.0, key=None, from_bar=None):
+                          audio=False, bar_top_p=1.0, key=None, from_bar=None, repeat=None):
     import torch
 
     from .checkpoint import load_model
@@ -979,7 +992,7 @@ def _generate_or_continue(model_name, prompt_path, prompt_bars, length, bars, nu
         import secrets
 
         seed = secrets.randbelow(2**31)
-    _sampling_options({}, temperature, top_k, top_p, bar_top_p)  # refused before any work when out of range
+    _sampling_options({}, temperature, top_k, top_p, bar_top_p, repeat)  # refused before any work when out of range
     pick_device(device, auto=False)
     paths = output_paths(output, num, overwrite)
     soundfont = _check_extra_outputs(paths, png, audio, overwrite)
@@ -993,7 +1006,7 @@ def _generate_or_continue(model_name, prompt_path, prompt_bars, length, bars, nu
         if model_name is None:
             model_name = "groove" if prompt.only_drums else "pop-piano"
     model, tok, info = load_model(model_name or "pop-piano", device=device, return_info=True)
-    options = _sampling_options(info, temperature, top_k, top_p, bar_top_p)
+    options = _sampling_options(info, temperature, top_k, top_p, bar_top_p, repeat)
     _say_which_checkpoint(model_name)
     if chords is not None:
         from .sampling import chord_ids
@@ -1052,6 +1065,7 @@ def play(
     temperature: float = typer.Option(1.0, help="Softmax temperature (> 0)."),
     top_p: float | None = typer.Option(None, "--top-p", help=TOP_P_HELP),
     bar_top_p: float | None = typer.Option(None, "--bar-top-p", help=BAR_TOP_P_HELP),
+    repeat: float | None = typer.Option(None, "--repeat", help=REPEAT_HELP),
     seed: int | None = typer.Option(None, help="Random seed \\[default: a new one, printed]"),
     port: str | None = typer.Option(None, "--port", help="Send MIDI to this output port (mido with python-rtmidi)."),
     to_stdout: bool = typer.Option(False, "--stdout", help="Write raw audio to stdout: 16-bit stereo at 44.1 kHz, "
@@ -1092,7 +1106,7 @@ def play(
         raise SpemusicError("--stdout and --stdout-midi both write to stdout: give one")
     if (to_stdout or midi_to_stdout) and sys.stdout.isatty():
         raise SpemusicError("stdout is a terminal: pipe it (| aplay -f cd) or redirect it (> live.raw)")
-    _sampling_options({}, temperature, 0, top_p, bar_top_p)  # refused before any work when out of range
+    _sampling_options({}, temperature, 0, top_p, bar_top_p, repeat)  # refused before any work when out of range
     if record is not None:
         if record.suffix.lower() not in (".mid", ".midi"):
             raise SpemusicError(f"--record {record}: give a .mid file")
@@ -1115,7 +1129,7 @@ def play(
         loaded = load_prompt(prompt, REMITokenizer())
         model = model or ("groove" if loaded.only_drums else "pop-piano")
     net, tok, info = load_model(model or "pop-piano", return_info=True)
-    options = _sampling_options(info, temperature, 0, top_p, bar_top_p)
+    options = _sampling_options(info, temperature, 0, top_p, bar_top_p, repeat)
     _say_which_checkpoint(model)
     if prompt is not None:  # read again only when the model's tokenizer differs from the default
         prompt_ids = (loaded if tok.config == REMITokenizer().config else load_prompt(prompt, tok)).ids
@@ -1207,6 +1221,9 @@ def eval_(
     beats: Path | None = typer.Option(None, "--beats", help="Folder of beat annotations for a MIDI folder "
                                          "(as for `data prepare`)."),
     chords: Path | None = typer.Option(None, "--chords", help="Folder of chord annotations for a MIDI folder."),
+    repeat: float = typer.Option(0.0, "--repeat", help="Score each model mixed with a continuous cache of the "
+                                 "piece's own hidden states of this share, as `generate --repeat` samples (0: the "
+                                 "model alone)."),
     threads: int | None = typer.Option(None, "--threads", help=THREADS_HELP + "all cores]"),
 ):
     """Score models by position (NLL per token, up to and past the trained length), or measure music.
@@ -1240,6 +1257,10 @@ def eval_(
 
     if len(args) < 2:
         raise SpemusicError("give MODEL [MODEL …] DATA")
+    from .sampling import SamplingOptions
+
+    repeat_options = SamplingOptions(repeat=repeat)
+    repeat_options.check()
     if split not in ("train", "valid", "test", "all"):
         raise SpemusicError(f"--split must be train, valid, test or all (got {split!r})")
     *model_names, data = args
@@ -1253,8 +1274,9 @@ def eval_(
             reports.append(evaluate_nll(model, tok, Path(data), split, max_len, bucket, name=name,
                                         trained_len=info.get("seq_len"), device=device,
                                         max_pieces=max_pieces or None, progress=progress, beats_dir=beats,
-                                        chords_dir=chords))
-    table = Table(title=f"NLL per token by position ({split} split of {data})")
+                                        chords_dir=chords, cache=repeat_options.cache()))
+    with_cache = f", with the continuous cache at --repeat {repeat}" if repeat else ""
+    table = Table(title=f"NLL per token by position ({split} split of {data}{with_cache})")
     table.add_column("positions")
     for r in reports:
         table.add_column(r.model, justify="right")

@@ -10,6 +10,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from .cache import CacheOptions, mixture_nll
 from .data import open_dataset
 from .errors import OptionError, SpemusicError
 from .model import Performer
@@ -48,9 +49,11 @@ class NLLReport:
 
 @torch.no_grad()
 def position_nll(model: Performer, sequences: list[np.ndarray], pad_id: int, max_len: int,
-                 batch_size: int = 4, seed: int = 0, device="cpu", progress=None) -> tuple[np.ndarray, np.ndarray]:
+                 batch_size: int = 4, seed: int = 0, device="cpu", progress=None,
+                 cache: tuple[CacheOptions, torch.Tensor] | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Sum of NLL and count of scored tokens at every target position 1..max_len (index 0 is the
-    first predicted token), over sequences taken from the start of each piece."""
+    first predicted token), over sequences taken from the start of each piece. `cache` (options,
+    their token groups): the NLL of the model mixed with a continuous cache (spemusic.cache)."""
     model.eval()
     model.resample(seed)
     nll_sum = np.zeros(max_len, dtype=np.float64)
@@ -65,9 +68,16 @@ def position_nll(model: Performer, sequences: list[np.ndarray], pad_id: int, max
         for j, p in enumerate(group):
             batch[j, : len(p)] = p
         x = torch.from_numpy(batch).to(device)
-        logits = model(x[:, :-1]).float()
         targets = x[:, 1:]
-        nll = F.cross_entropy(logits.transpose(1, 2), targets, reduction="none", ignore_index=pad_id)
+        if cache is None:
+            logits = model(x[:, :-1]).float()
+            nll = F.cross_entropy(logits.transpose(1, 2), targets, reduction="none", ignore_index=pad_id)
+        else:
+            logits, hidden = model._parallel(x[:, :-1], False, want_hidden=True)
+            nll = torch.zeros(targets.shape, device=x.device)
+            for j, p in enumerate(group):
+                n = len(p) - 1
+                nll[j, :n] = mixture_nll(logits[j, :n], hidden[j, :n], targets[j, :n], *cache)
         mask = (targets != pad_id).cpu().numpy()
         nll_np = nll.cpu().numpy()
         nll_sum[: width - 1] += (nll_np * mask).sum(0)
@@ -80,16 +90,18 @@ def position_nll(model: Performer, sequences: list[np.ndarray], pad_id: int, max
 def evaluate_nll(model: Performer, tokenizer: REMITokenizer, data: Path, split: str = "valid", max_len: int = 2048,
                  bucket: int = 128, name: str = "model", trained_len: int | None = None, device="cpu",
                  max_pieces: int | None = None, progress=None, beats_dir: Path | None = None,
-                 chords_dir: Path | None = None) -> NLLReport:
+                 chords_dir: Path | None = None, cache: CacheOptions | None = None) -> NLLReport:
+    """NLL by position of `model` on a split of `data`; with `cache`, of the model mixed with a
+    continuous cache of each piece's own hidden states (spemusic.cache)."""
     if max_len < 1 or bucket < 1:
         raise OptionError("{max_len} and {bucket} must be positive")
     if model.cfg.has_absolute_pe and max_len > model.cfg.max_len:
         raise OptionError("{name}: absolute positional encoding limited to {limit} tokens; use {max_len} {limit} or less",
                           name=name, limit=model.cfg.max_len)
-    cache = open_dataset(Path(data), tokenizer.config, beats_dir=beats_dir, chords_dir=chords_dir)
-    if cache.index["fingerprint"] != tokenizer.config.fingerprint():
+    dataset = open_dataset(Path(data), tokenizer.config, beats_dir=beats_dir, chords_dir=chords_dir)
+    if dataset.index["fingerprint"] != tokenizer.config.fingerprint():
         raise SpemusicError(f"{data}: data cache made with another tokenizer than {name}'s")
-    sequences = cache.sequences(split)
+    sequences = dataset.sequences(split)
     if not sequences:
         raise OptionError("{data}: the {value} split is empty (use {split} all for a plain folder)", data=str(data),
                           value=split)
@@ -99,7 +111,8 @@ def evaluate_nll(model: Performer, tokenizer: REMITokenizer, data: Path, split: 
     # --max-len costs nothing (10^9 asked for 16 GB of position arrays and 7.8M buckets)
     longest = max(len(s) for s in sequences) - 1
     max_len = max(1, min(max_len, -(-longest // bucket) * bucket))
-    nll_sum, count = position_nll(model, sequences, tokenizer.pad_id, max_len, device=device, progress=progress)
+    nll_sum, count = position_nll(model, sequences, tokenizer.pad_id, max_len, device=device, progress=progress,
+                                  cache=None if cache is None else (cache, cache.groups(tokenizer).to(device)))
     buckets = []
     for start in range(0, max_len, bucket):
         end = min(start + bucket, max_len)

@@ -422,6 +422,11 @@ class Performer(nn.Module):
         """(…, d) -> (…, V) logits (final norm, output tied to the embedding)."""
         return norm_linear(x, self.ln_f, self.tok.weight, None)
 
+    def hidden(self, x: torch.Tensor) -> torch.Tensor:
+        """(…, d) -> (…, d) fp32: the final-normed state the logits are read from (what a
+        continuous cache matches, spemusic.cache)."""
+        return self.ln_f(x).float()
+
     def _check_ids(self, ids: torch.Tensor, ndim: int, check_range: bool = True):
         if not isinstance(ids, torch.Tensor) or ids.dim() != ndim:
             raise SpemusicError(f"expected token ids as a {ndim}-D LongTensor")
@@ -438,9 +443,10 @@ class Performer(nn.Module):
 
     # ------------------------------------------------------------------ parallel
     def _parallel(self, ids: torch.Tensor, want_state: bool, weights_dtype: torch.dtype = torch.float32,
-                  state: State | None = None):
+                  state: State | None = None, want_hidden: bool = False):
         """The chunked parallel pass; with `state` (eval mode), it continues the positions that state
-        holds, and the returned state holds them all."""
+        holds, and the returned state holds them all. `want_hidden`: the final-normed states too
+        (`hidden`), last in the returned tuple."""
         self._check_ids(ids, 2)
         B, T = ids.shape
         if T == 0:
@@ -463,11 +469,12 @@ class Performer(nn.Module):
             states.append(st)
             histories.append(hist)
         logits = self.head(x)
+        extra = (self.hidden(x),) if want_hidden else ()
         if not want_state:
-            return logits
+            return (logits, *extra) if want_hidden else logits
         plan = state.plan if state is not None else build_plan(self, codes, weights_dtype)
-        return logits, State(position=start + T, batch_size=B, layers=states, pe=self._streams(codes, start + T),
-                             plan=plan, histories=histories if self.cfg.short_conv else [])
+        return (logits, State(position=start + T, batch_size=B, layers=states, pe=self._streams(codes, start + T),
+                              plan=plan, histories=histories if self.cfg.short_conv else []), *extra)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         """(B, T) token ids -> (B, T, V) next-token logits (chunked parallel path)."""
@@ -475,22 +482,25 @@ class Performer(nn.Module):
 
     @torch.no_grad()
     def prime(self, ids: torch.Tensor, weights_dtype: torch.dtype = torch.float32, all_logits: bool = True,
-              chunk: int = PRIME_CHUNK):
+              chunk: int = PRIME_CHUNK, want_hidden: bool = False):
         """Parallel passes over a prompt, `chunk` tokens at a time, each continuing the state of the
         last: (logits (B, T, V), or (B, 1, V) for the last position only when not `all_logits`;
         State after the prompt). Memory stays that of one chunk however long the prompt (in one
         pass, a prompt of 300k tokens needed 16 GB).
         ``weights_dtype``: the state's step keeps its linear weights in this dtype (float16 or
-        bfloat16 halve the bytes read per token, see recurrent.py; float32 is exact)."""
+        bfloat16 halve the bytes read per token, see recurrent.py; float32 is exact).
+        ``want_hidden``: also the final-normed states of every position (B, T, d), last."""
         self._check_weights_dtype(weights_dtype)
         self._check_ids(ids, 2)
         if ids.shape[1] == 0:
             raise SpemusicError("cannot run the model on an empty sequence")
-        state, kept = None, []
+        state, kept, hiddens = None, [], []
         for c0 in range(0, ids.shape[1], chunk):
-            logits, state = self._parallel(ids[:, c0:c0 + chunk], True, weights_dtype, state)
+            logits, state, *hidden = self._parallel(ids[:, c0:c0 + chunk], True, weights_dtype, state, want_hidden)
             kept = kept + [logits] if all_logits else [logits[:, -1:]]
-        return (torch.cat(kept, 1) if len(kept) > 1 else kept[0]), state
+            hiddens += hidden
+        logits = torch.cat(kept, 1) if len(kept) > 1 else kept[0]
+        return (logits, state, torch.cat(hiddens, 1)) if want_hidden else (logits, state)
 
     # ------------------------------------------------------------------ recurrent
     @torch.no_grad()
@@ -506,9 +516,10 @@ class Performer(nn.Module):
                      plan=build_plan(self, codes, weights_dtype), histories=histories)
 
     @torch.no_grad()
-    def step(self, state: State, next_ids: torch.Tensor):
+    def step(self, state: State, next_ids: torch.Tensor, want_hidden: bool = False):
         """Feed one token per sequence at ``state.position``: (B,) -> (logits (B, V), state).
-        The state is updated in place (and returned)."""
+        The state is updated in place (and returned). ``want_hidden``: also the final-normed
+        state (B, d), last."""
         # the range check reads the ids on the host: per token, only where they already are (CPU)
         self._check_ids(next_ids, 1, check_range=next_ids.device.type == "cpu")
         if next_ids.shape[0] != state.batch_size:
@@ -528,4 +539,4 @@ class Performer(nn.Module):
                     state.histories[i] = history
             logits = self.head(x)
         state.position = t + 1
-        return logits, state
+        return (logits, state, self.hidden(x)) if want_hidden else (logits, state)

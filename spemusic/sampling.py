@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from .cache import CacheOptions, ContinuousCache
 from .device import cpu_has_fast_bf16
 from .errors import MidiError, OptionError
 from .grammar import BAR, NOTE_END, POSITION, PROGRAM, TIMESIG, GrammarState, REMIGrammar
@@ -25,6 +26,8 @@ class SamplingOptions:
     top_k: int = 0          # 0: off
     top_p: float = 1.0      # 1.0: off
     bar_top_p: float = 1.0  # the nucleus right after each Bar token (meter change, first onset); 1.0: off
+    repeat: float = 0.0     # the continuous cache's largest share (spemusic.cache): the piece copies its
+                            # earlier bars where it is somewhere it has been before; 0: off
 
     def check(self) -> None:
         if not (1e-3 <= self.temperature <= 1e3):  # (NaN fails too) beyond: one-hot or uniform in float32
@@ -35,6 +38,11 @@ class SamplingOptions:
             raise OptionError("{top_p} must be in (0, 1] (got {value})", value=self.top_p)
         if not (0 < self.bar_top_p <= 1):
             raise OptionError("{bar_top_p} must be in (0, 1] (got {value})", value=self.bar_top_p)
+        if not (0 <= self.repeat <= 1):
+            raise OptionError("{repeat} must be between 0 (off) and 1 (got {value})", value=self.repeat)
+
+    def cache(self) -> CacheOptions | None:
+        return CacheOptions(weight=self.repeat) if self.repeat > 0 else None
 
 
 def check_length_bars(length: int | None, bars: int | None) -> None:
@@ -257,6 +265,16 @@ class _Steering:
             logits += self.tones[(bars_started - 1) % len(self.forced)]
 
 
+def _prompt_memory(options: SamplingOptions, tokenizer, model, prompt: torch.Tensor, hidden: list):
+    """The continuous cache of `options.repeat` (None when off), holding the (B, T) prompt: its
+    hidden states (`hidden`: [(B, T, d)] from prime) with the tokens that followed them."""
+    if options.repeat <= 0:
+        return None
+    memory = ContinuousCache(options.cache(), tokenizer, prompt.shape[0], model.cfg.d_model, prompt.device)
+    memory.add(hidden[0][:, :-1], prompt[:, 1:])
+    return memory
+
+
 @torch.inference_mode()
 def sample(model: Performer, tokenizer: REMITokenizer, *, num: int = 1, length: int | None = None,
            bars: int | None = None, prompt: np.ndarray | None = None, options: SamplingOptions | None = None,
@@ -273,7 +291,9 @@ def sample(model: Performer, tokenizer: REMITokenizer, *, num: int = 1, length: 
     holds no other chord change (the model writes the notes); `chord_strength` adds that many nats
     to the logits of the bar's chord tones wherever a pitch is sampled. `meter` ("3/4") and `tempo` (BPM):
     the opening time signature and tempo of a piece from scratch (the model may change them later);
-    without them, the piece opens on the model's most likely meter."""
+    without them, the piece opens on the model's most likely meter. With `options.repeat`, a
+    continuous cache of the piece's own hidden states (the prompt's first) is mixed into the
+    model's distribution (spemusic.cache)."""
     options = options or SamplingOptions()
     options.check()
     check_length_bars(length, bars)
@@ -307,8 +327,12 @@ def sample(model: Performer, tokenizer: REMITokenizer, *, num: int = 1, length: 
     done = [False] * num
     from_scratch = len(prompt) == 1
     batch_prompt = torch.from_numpy(np.tile(prompt, (num, 1))).to(device)
-    logits, state = model.prime(batch_prompt, weights_dtype=weights_dtype or auto_step_dtype(device, num), all_logits=False)
+    logits, state, *hidden = model.prime(batch_prompt, weights_dtype=weights_dtype or auto_step_dtype(device, num),
+                                         all_logits=False, want_hidden=options.repeat > 0)
     logits = logits[:, -1]
+    memory = _prompt_memory(options, tokenizer, model, batch_prompt, hidden)
+    if memory is not None:
+        hidden = hidden[0][:, -1]
     # continuing a prompt starts a new bar: the prompt stays as the user wrote it
     force_bar = len(prompt) > 1
     # with --bars, a piece that never closes its bars is stopped all the same
@@ -328,7 +352,7 @@ def sample(model: Performer, tokenizer: REMITokenizer, *, num: int = 1, length: 
                 else:
                     masks[b] = steer.mask(states[b], bars_started[b], from_scratch)
             force_bar = False
-            logits = logits.float()
+            logits = logits.float() if memory is None else memory.mix(logits, hidden)
             for b in range(num):
                 if not done[b]:
                     steer.favour_chord_tones(logits[b], states[b], bars_started[b])
@@ -360,7 +384,11 @@ def sample(model: Performer, tokenizer: REMITokenizer, *, num: int = 1, length: 
             if should_stop is not None and should_stop():
                 interrupted = True
                 break
-            logits, state = model.step(state, nxt.to(device))
+            if memory is None:
+                logits, state = model.step(state, nxt.to(device))
+            else:
+                memory.add(hidden[:, None], nxt.to(device)[:, None])
+                logits, state, hidden = model.step(state, nxt.to(device), want_hidden=True)
     except KeyboardInterrupt:
         interrupted = True
     wall = time.perf_counter() - t0
@@ -394,9 +422,13 @@ def stream_bars(model: Performer, tokenizer: REMITokenizer, *, prompt: np.ndarra
     for t in prompt:
         grammar.advance(st, int(t))
     from_scratch = len(prompt) == 1
-    logits, state = model.prime(torch.from_numpy(prompt[None]).to(device),
-                                weights_dtype=weights_dtype or auto_step_dtype(device, 1), all_logits=False)
+    ids = torch.from_numpy(prompt[None]).to(device)
+    logits, state, *hidden = model.prime(ids, weights_dtype=weights_dtype or auto_step_dtype(device, 1),
+                                         all_logits=False, want_hidden=options.repeat > 0)
     logits = logits[:, -1]
+    memory = _prompt_memory(options, tokenizer, model, ids, hidden)
+    if memory is not None:
+        hidden = hidden[0][:, -1]
     bar: list[int] = []
     while True:
         if not from_scratch and not bar:  # continuing a prompt starts a new bar
@@ -404,7 +436,8 @@ def stream_bars(model: Performer, tokenizer: REMITokenizer, *, prompt: np.ndarra
             mask[tokenizer.bar_id] = True
         else:
             mask = next_token_mask(grammar, st, trained, from_scratch=from_scratch)
-        masked = logits.float().masked_fill(~torch.from_numpy(mask).to(device), float("-inf"))
+        logits = logits.float() if memory is None else memory.mix(logits, hidden)
+        masked = logits.masked_fill(~torch.from_numpy(mask).to(device), float("-inf"))
         if opens_on_meter(st, from_scratch):
             nxt = int(masked[0].argmax())
         else:
@@ -419,4 +452,8 @@ def stream_bars(model: Performer, tokenizer: REMITokenizer, *, prompt: np.ndarra
             on_token()
         if should_stop is not None and should_stop():
             return
-        logits, state = model.step(state, torch.tensor([nxt], device=device))
+        if memory is None:
+            logits, state = model.step(state, torch.tensor([nxt], device=device))
+        else:
+            memory.add(hidden[:, None], torch.tensor([[nxt]], device=device))
+            logits, state, hidden = model.step(state, torch.tensor([nxt], device=device), want_hidden=True)

@@ -530,7 +530,8 @@ def test_threads_option(run_cli, tiny_checkpoint, tmp_path):
 @pytest.mark.parametrize("args,message", [
     (["--temperature", "1e-300"], "between 0.001 and 1000"), (["--temperature", "nan"], "between 0.001 and 1000"),
     (["--seed", str(2**64)], "2^63"), (["--seed", "-1"], "2^63"), (["--num", "100000"], "between 1 and 256"),
-    (["--chord-strength", "-1"], "--chord-strength"),
+    (["--chord-strength", "-1"], "--chord-strength"), (["--repeat", "1.5"], "--repeat must be between 0"),
+    (["--repeat", "-0.1"], "--repeat must be between 0"),
 ])
 def test_out_of_range_sampling_options(run_cli, tiny_checkpoint, tmp_path, args, message):
     code, _, err = run_cli("generate", "--model", tiny_checkpoint, "--length", 20, "-o", tmp_path / "x.mid", *args)
@@ -546,6 +547,8 @@ def test_sampling_defaults_follow_the_model():
     assert (pop.top_p, pop.bar_top_p) == (1.0, 0.8)
     assert (groove.top_p, groove.bar_top_p) == (0.95, 0.95)
     assert (mine.top_p, mine.bar_top_p) == (0.9, 0.8)  # what the user gives wins
+    assert (pop.repeat, groove.repeat, mine.repeat) == (0.9, 0.0, 0.0)  # the cache where it was measured
+    assert _sampling_options({"name": "pop-piano"}, 1.0, 0, None, None, 0.0).repeat == 0.0
 
 
 def test_sampling_keeps_to_the_vocabulary_seen_in_training(tiny_checkpoint, examples):

@@ -1,0 +1,89 @@
+"""The continuous cache (spemusic.cache): generation and scoring compute the same mixture, it
+copies what repeats, and it leaves the sampler's grammar and determinism intact."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from spemusic.cache import CacheOptions, ContinuousCache, mixture_nll
+from spemusic.checkpoint import load_model
+from spemusic.sampling import SamplingOptions, sample
+
+
+def _real_song(shared_data, tok, n: int) -> torch.Tensor:
+    """The first n tokens of a POP909 song, barred by its beat annotation."""
+    midi = sorted((shared_data / "pop909").glob("*.mid"))[0]
+    ids = tok.encode(midi, beats=shared_data / "pop909" / "beats" / f"{midi.stem}.txt")
+    return torch.from_numpy(np.asarray(ids[:n], dtype=np.int64))
+
+
+@pytest.mark.parametrize("window,gap", [(40, 8), (2048, 64), (30, 0)])
+def test_step_by_step_mixture_equals_the_scored_one(tiny_checkpoint, shared_data, window, gap):
+    """The cache as the sampler runs it (a ring buffer, one step at a time, wrapping when the
+    window is small) gives each real token the probability `mixture_nll` gives it in one pass."""
+    model, tok = load_model(tiny_checkpoint)
+    model.eval()
+    model.resample(0)
+    x = _real_song(shared_data, tok, 300)
+    opts = CacheOptions(window=window, gap=gap, weight=0.7, at=0.5)
+    groups = opts.groups(tok)
+    with torch.no_grad():
+        logits, hidden = model._parallel(x[None, :-1], False, want_hidden=True)
+        scored = mixture_nll(logits[0], hidden[0], x[1:], opts, groups, chunk=64)
+        memory = ContinuousCache(opts, tok, 1, model.cfg.d_model, "cpu")
+        step_logits, state, h = model.prime(x[None, :1], want_hidden=True)
+        h = h[:, -1]
+        stepped = []
+        for t in range(1, len(x)):
+            log_p = memory.mix(step_logits[:, -1] if step_logits.dim() == 3 else step_logits, h)
+            stepped.append(-float(log_p[0, x[t]]))
+            memory.add(h[:, None], x[None, t:t + 1])
+            step_logits, state, h = model.step(state, x[t:t + 1], want_hidden=True)
+    assert np.allclose(stepped, scored.numpy(), atol=1e-4)
+    plain = torch.nn.functional.cross_entropy(logits[0], x[1:], reduction="none")
+    assert not torch.allclose(scored, plain, atol=1e-3)  # the cache did take part
+
+
+def test_the_cache_copies_a_repeated_bar(shared_data):
+    """pop-piano alone barely expects a bar played again (benchmarks/copying.py); with the cache,
+    its notes become likely from the second time on."""
+    model, tok = load_model("pop-piano")
+    model.eval()
+    model.resample(0)
+    song = _real_song(shared_data, tok, 4000).numpy()
+    bars = np.flatnonzero(song == tok.bar_id)
+    head, bar = song[: bars[6]], song[bars[6]: bars[7]]
+    x = torch.from_numpy(np.concatenate([head] + [bar] * 4))
+    lo, hi = tok.range("Pitch")
+    last = [i - 1 for i in range(len(x) - len(bar), len(x)) if lo <= int(x[i]) < hi]
+    with torch.no_grad():
+        logits, hidden = model._parallel(x[None, :-1], False, want_hidden=True)
+    alone = torch.softmax(logits[0].float(), -1).gather(1, x[1:, None])[:, 0][last].mean()
+    opts = SamplingOptions(repeat=0.9).cache()
+    cached = torch.exp(-mixture_nll(logits[0], hidden[0], x[1:], opts, opts.groups(tok)))[last].mean()
+    assert float(cached) > 0.6 > float(alone), (float(alone), float(cached))
+
+
+def test_sampling_with_the_cache_is_valid_and_deterministic(tiny_checkpoint):
+    from spemusic.grammar import REMIGrammar
+
+    model, tok = load_model(tiny_checkpoint)
+    opts = SamplingOptions(repeat=1.0)
+    a = sample(model, tok, num=2, length=300, seed=3, options=opts).ids
+    b = sample(model, tok, num=2, length=300, seed=3, options=opts).ids
+    off = sample(model, tok, num=2, length=300, seed=3, options=SamplingOptions()).ids
+    assert all(np.array_equal(x, y) for x, y in zip(a, b))
+    assert any(not np.array_equal(x, y) for x, y in zip(a, off))
+    grammar = REMIGrammar(tok)
+    assert all(grammar.is_valid(s) for s in a)
+
+
+def test_the_cache_memory_is_fixed_by_its_window(tiny_checkpoint):
+    model, tok = load_model(tiny_checkpoint)
+    memory = ContinuousCache(CacheOptions(window=16, gap=4), tok, 2, model.cfg.d_model, "cpu")
+    before = memory.keys.nbytes + memory.tokens.nbytes
+    for _ in range(100):
+        memory.add(torch.randn(2, 3, model.cfg.d_model), torch.zeros(2, 3, dtype=torch.long))
+    assert memory.keys.nbytes + memory.tokens.nbytes == before and memory.filled == 300
+    assert int(memory.written.min()) == 300 - 20  # the newest window + gap entries
