@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from spemusic.checkpoint import load_model
-from spemusic.cli import BAR_TOP_P, TOP_P
+from spemusic.cli import SAMPLING_DEFAULTS
 from spemusic.metrics import summary
 from spemusic.sampling import SamplingOptions, sample
 
@@ -31,8 +31,8 @@ def main() -> None:
     ap.add_argument("--length", type=int, default=2048)
     ap.add_argument("--seed", type=int, default=11)
     ap.add_argument("--variants", nargs="+",
-                    default=[f"1,{TOP_P},{BAR_TOP_P}", "1,0.95,0.95", "1,0.98,0.98", "0.9,0.95,0.95", "1,1,1",
-                             "1,1,0.95", "1,0.99,0.9"])
+                    default=[f"1,{SAMPLING_DEFAULTS['top_p']},{SAMPLING_DEFAULTS['bar_top_p']}", "1,0.95,0.95",
+                             "1,0.98,0.98", "0.9,0.95,0.95", "1,1,1", "1,1,0.95", "1,0.99,0.9"])
     args = ap.parse_args()
     torch.set_num_threads(1)
     model, tok = load_model(args.model)

@@ -150,7 +150,7 @@ def main() -> None:
     cache = open_dataset(pop, tok.config, beats_dir=pop / "beats" if annotated else None,
                          chords_dir=pop / "chords" if annotated else None)
     real = [np.asarray(s)[: args.length] for s in cache.sequences("valid")]
-    opts = _sampling_options({"name": Path(args.model).name}, 1.0, 0, None, None)
+    opts = _sampling_options({"name": Path(args.model).name}, 1.0, 0)
     t0 = time.perf_counter()
     generated = []
     for b in range(0, args.pieces, 8):  # the seeds of benchmarks/music_metrics.py

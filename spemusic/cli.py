@@ -103,35 +103,35 @@ CHORD_STRENGTH = 2.0
 # sampling defaults, chosen by benchmarks/music_metrics.py: pure sampling of the notes (a nucleus
 # stacked notes at an onset and left holes), and a nucleus at the bar line, where a meter change
 # sampled from the tail would hold for many bars
-TOP_P = 1.0
-BAR_TOP_P = 0.8
-# ...except for groove, whose continuations keep closer to their prompt's style with a nucleus of
-# 0.95 (the style similarity of both: benchmarks/music_metrics.py --only groove)
-MODEL_SAMPLING = {"groove": (0.95, 0.95)}
+SAMPLING_DEFAULTS = dict(top_p=1.0, bar_top_p=0.8, onset_top_p=1.0, repeat=0.0)
+MODEL_SAMPLING = {
+    # groove's continuations keep closer to their prompt's style with a nucleus of 0.95 (the style
+    # similarity of both: benchmarks/music_metrics.py --only groove)
+    "groove": dict(top_p=0.95, bar_top_p=0.95),
+    # pop-piano's pieces repeat their earlier bars about as much as POP909's songs with the
+    # continuous cache (spemusic.cache), and leave fewer holes with the far onsets cut
+    "pop-piano": dict(repeat=0.9, onset_top_p=0.9),
+}
 TOP_P_HELP = "Nucleus sampling mass in (0, 1]; 1 turns it off. \\[default: 1; 0.95 for groove]"
 BAR_TOP_P_HELP = ("Nucleus mass at each bar line, where the model picks whether the meter changes and where the "
                   "bar's first note falls: 0.8 keeps the meter unless the model is sure of a change. "
                   "\\[default: 0.8; 0.95 for groove]")
-
-
-# the continuous cache's share (--repeat, spemusic.cache) for the models it was measured with:
-# pop-piano's pieces repeat their earlier bars about as much as POP909's songs with it
-# (benchmarks/music_metrics.py --repeat); other models sample alone unless asked
-MODEL_REPEAT = {"pop-piano": 0.9}
+ONSET_TOP_P_HELP = ("Nucleus mass among the onsets that may follow a note (whether one follows stays the model's "
+                    "choice): below 1 cuts the far ones of the tail, which leave holes. "
+                    "\\[default: 0.9 for pop-piano, else 1]")
 REPEAT_HELP = ("How strongly a piece repeats its earlier bars, 0 to 1: the share a continuous cache of the piece's "
                "own hidden states may take where the model is somewhere it has been before (0: the model alone). "
                "\\[default: 0.9 for pop-piano, else 0]")
 
 
-def _sampling_options(info: dict, temperature: float, top_k: int, top_p, bar_top_p, repeat=None):
-    """The sampling options asked for, the model's defaults where none was given."""
+def _sampling_options(info: dict, temperature: float, top_k: int, **asked):
+    """The sampling options asked for (top_p, bar_top_p, onset_top_p, repeat; None: not given),
+    the model's defaults where none was given."""
     from .sampling import SamplingOptions
 
-    name = info.get("name", "")
-    default_p, default_bar = MODEL_SAMPLING.get(name, (TOP_P, BAR_TOP_P))
-    options = SamplingOptions(temperature=temperature, top_k=top_k, top_p=default_p if top_p is None else top_p,
-                              bar_top_p=default_bar if bar_top_p is None else bar_top_p,
-                              repeat=MODEL_REPEAT.get(name, 0.0) if repeat is None else repeat)
+    defaults = {**SAMPLING_DEFAULTS, **MODEL_SAMPLING.get(info.get("name", ""), {})}
+    chosen = {k: defaults[k] if asked.get(k) is None else asked[k] for k in SAMPLING_DEFAULTS}
+    options = SamplingOptions(temperature=temperature, top_k=top_k, **chosen)
     options.check()
     return options
 INTERRUPTED_AND_SAID = 1130  # exit code 130, after a command's own message about the interruption
@@ -781,6 +781,7 @@ def generate(
     temperature: float = typer.Option(1.0, help="Softmax temperature (> 0)."),
     top_p: float | None = typer.Option(None, "--top-p", help=TOP_P_HELP),
     bar_top_p: float | None = typer.Option(None, "--bar-top-p", help=BAR_TOP_P_HELP),
+    onset_top_p: float | None = typer.Option(None, "--onset-top-p", help=ONSET_TOP_P_HELP),
     repeat: float | None = typer.Option(None, "--repeat", help=REPEAT_HELP),
     top_k: int = typer.Option(0, "--top-k", help="Keep the K most likely tokens; 0 turns it off."),
     seed: int | None = typer.Option(None, help="Random seed: same seed, options and model give the same file. "
@@ -833,7 +834,7 @@ def generate(
     _generate_or_continue(model, None, None, length, bars, num, temperature, top_p, top_k, seed, output, overwrite,
                           device, precision, as_json, False, chords=progression, keep_overlaps=keep_overlaps, png=png,
                           meter=meter, tempo=tempo, threads=threads, chord_strength=chord_strength, audio=audio,
-                          bar_top_p=bar_top_p, key=key, repeat=repeat)
+                          bar_top_p=bar_top_p, key=key, repeat=repeat, onset_top_p=onset_top_p)
 
 
 @app.command("continue")
@@ -851,6 +852,7 @@ def continue_(
     temperature: float = typer.Option(1.0, help="Softmax temperature (> 0)."),
     top_p: float | None = typer.Option(None, "--top-p", help=TOP_P_HELP),
     bar_top_p: float | None = typer.Option(None, "--bar-top-p", help=BAR_TOP_P_HELP),
+    onset_top_p: float | None = typer.Option(None, "--onset-top-p", help=ONSET_TOP_P_HELP),
     repeat: float | None = typer.Option(None, "--repeat", help=REPEAT_HELP),
     top_k: int = typer.Option(0, "--top-k", help="Keep the K most likely tokens; 0 turns it off."),
     seed: int | None = typer.Option(None, help="Random seed: same seed, options and model give the same file. "
@@ -899,7 +901,7 @@ def continue_(
                           overwrite, device, precision, as_json, only_continuation, beats=beats, chords=progression,
                           from_bar=from_bar,
                           keep_overlaps=keep_overlaps, png=png, threads=threads, chord_strength=chord_strength,
-                          audio=audio, bar_top_p=bar_top_p, repeat=repeat)
+                          audio=audio, bar_top_p=bar_top_p, repeat=repeat, onset_top_p=onset_top_p)
 
 
 def _check_extra_outputs(paths, png: bool, audio: bool, overwrite: bool):
@@ -972,7 +974,7 @@ def _say_key_moves(paths, moves, key) -> None:
 def _generate_or_continue(model_name, prompt_path, prompt_bars, length, bars, num, temperature, top_p, top_k, seed,
                           output, overwrite, device, precision, as_json, only_continuation, beats=None, chords=None,
                           keep_overlaps=False, png=False, meter=None, tempo=None, threads=None, chord_strength=0.0,
-                          audio=False, bar_top_p=1.0, key=None, from_bar=None, repeat=None):
+                          audio=False, bar_top_p=None, key=None, from_bar=None, repeat=None, onset_top_p=None):
     import torch
 
     from .checkpoint import load_model
@@ -992,7 +994,8 @@ def _generate_or_continue(model_name, prompt_path, prompt_bars, length, bars, nu
         import secrets
 
         seed = secrets.randbelow(2**31)
-    _sampling_options({}, temperature, top_k, top_p, bar_top_p, repeat)  # refused before any work when out of range
+    asked = dict(top_p=top_p, bar_top_p=bar_top_p, onset_top_p=onset_top_p, repeat=repeat)
+    _sampling_options({}, temperature, top_k, **asked)  # refused before any work when out of range
     pick_device(device, auto=False)
     paths = output_paths(output, num, overwrite)
     soundfont = _check_extra_outputs(paths, png, audio, overwrite)
@@ -1006,7 +1009,7 @@ def _generate_or_continue(model_name, prompt_path, prompt_bars, length, bars, nu
         if model_name is None:
             model_name = "groove" if prompt.only_drums else "pop-piano"
     model, tok, info = load_model(model_name or "pop-piano", device=device, return_info=True)
-    options = _sampling_options(info, temperature, top_k, top_p, bar_top_p, repeat)
+    options = _sampling_options(info, temperature, top_k, **asked)
     _say_which_checkpoint(model_name)
     if chords is not None:
         from .sampling import chord_ids
@@ -1065,6 +1068,7 @@ def play(
     temperature: float = typer.Option(1.0, help="Softmax temperature (> 0)."),
     top_p: float | None = typer.Option(None, "--top-p", help=TOP_P_HELP),
     bar_top_p: float | None = typer.Option(None, "--bar-top-p", help=BAR_TOP_P_HELP),
+    onset_top_p: float | None = typer.Option(None, "--onset-top-p", help=ONSET_TOP_P_HELP),
     repeat: float | None = typer.Option(None, "--repeat", help=REPEAT_HELP),
     seed: int | None = typer.Option(None, help="Random seed \\[default: a new one, printed]"),
     port: str | None = typer.Option(None, "--port", help="Send MIDI to this output port (mido with python-rtmidi)."),
@@ -1106,7 +1110,8 @@ def play(
         raise SpemusicError("--stdout and --stdout-midi both write to stdout: give one")
     if (to_stdout or midi_to_stdout) and sys.stdout.isatty():
         raise SpemusicError("stdout is a terminal: pipe it (| aplay -f cd) or redirect it (> live.raw)")
-    _sampling_options({}, temperature, 0, top_p, bar_top_p, repeat)  # refused before any work when out of range
+    asked = dict(top_p=top_p, bar_top_p=bar_top_p, onset_top_p=onset_top_p, repeat=repeat)
+    _sampling_options({}, temperature, 0, **asked)  # refused before any work when out of range
     if record is not None:
         if record.suffix.lower() not in (".mid", ".midi"):
             raise SpemusicError(f"--record {record}: give a .mid file")
@@ -1129,7 +1134,7 @@ def play(
         loaded = load_prompt(prompt, REMITokenizer())
         model = model or ("groove" if loaded.only_drums else "pop-piano")
     net, tok, info = load_model(model or "pop-piano", return_info=True)
-    options = _sampling_options(info, temperature, 0, top_p, bar_top_p, repeat)
+    options = _sampling_options(info, temperature, 0, **asked)
     _say_which_checkpoint(model)
     if prompt is not None:  # read again only when the model's tokenizer differs from the default
         prompt_ids = (loaded if tok.config == REMITokenizer().config else load_prompt(prompt, tok)).ids

@@ -53,6 +53,7 @@ class GrammarState:
     last_note: tuple = (-1, -1, -1, -1)  # (program, pitch, velocity, duration) ids of the last note at this Position
     used: set = field(default_factory=set)  # (program, pitch) ids already at this Position
     notes_here: int = 0           # notes at this Position so far (doubled ones count)
+    notes: int = 0                # notes in the piece so far
     eos: bool = False
 
 
@@ -184,6 +185,7 @@ class REMIGrammar:
             st.note[1] = token
             st.used.add((st.note[0], token))
             st.notes_here += 1
+            st.notes += 1
             st.last = PITCH
         elif kind == VELOCITY:
             st.note[2] = token

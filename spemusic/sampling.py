@@ -26,6 +26,8 @@ class SamplingOptions:
     top_k: int = 0          # 0: off
     top_p: float = 1.0      # 1.0: off
     bar_top_p: float = 1.0  # the nucleus right after each Bar token (meter change, first onset); 1.0: off
+    onset_top_p: float = 1.0  # the nucleus right after each note (another note here, the next onset, or
+                              # the bar line: the far onsets of the tail leave holes); 1.0: off
     repeat: float = 0.0     # the continuous cache's largest share (spemusic.cache): the piece copies its
                             # earlier bars where it is somewhere it has been before; 0: off
 
@@ -38,6 +40,8 @@ class SamplingOptions:
             raise OptionError("{top_p} must be in (0, 1] (got {value})", value=self.top_p)
         if not (0 < self.bar_top_p <= 1):
             raise OptionError("{bar_top_p} must be in (0, 1] (got {value})", value=self.bar_top_p)
+        if not (0 < self.onset_top_p <= 1):
+            raise OptionError("{onset_top_p} must be in (0, 1] (got {value})", value=self.onset_top_p)
         if not (0 <= self.repeat <= 1):
             raise OptionError("{repeat} must be between 0 (off) and 1 (got {value})", value=self.repeat)
 
@@ -128,12 +132,12 @@ def within_training(mask: np.ndarray, trained: np.ndarray | None) -> np.ndarray:
 def next_token_mask(grammar: REMIGrammar, st: GrammarState, trained: np.ndarray | None, *, from_scratch: bool,
                     closing: bool = False) -> np.ndarray:
     """The tokens that may come next in a piece, by the rules `sample` and `stream_bars` share:
-    the grammar, within the model's trained vocabulary; no EOS; and no empty bar to open a piece
-    from scratch (POP909's songs often open on rests, and the models learned it: pop-piano,
-    --bars 8, 12 seeds, 1.25 empty bars before the first note on average), nor to end a --bars
-    piece (`closing`)."""
+    the grammar, within the model's trained vocabulary; no EOS; and no bar without a note to open a
+    piece from scratch (POP909's songs often open on rests, and the models learned it: pop-piano,
+    --bars 8, 12 seeds, 1.25 empty bars before the first note on average; a first bar holding only
+    a chord once led 22 empty bars), nor an empty bar to end a --bars piece (`closing`)."""
     empty_bar = st.last in (BAR, TIMESIG)
-    opening = from_scratch and st.bars == 1 and empty_bar
+    opening = from_scratch and st.bars == 1 and st.notes == 0
     return within_training(grammar.allowed(st, allow_eos=False, allow_bar=not (opening or (closing and empty_bar))),
                            trained)
 
@@ -265,6 +269,34 @@ class _Steering:
             logits += self.tones[(bars_started - 1) % len(self.forced)]
 
 
+def trim_far_onsets(logits: torch.Tensor, rows: torch.Tensor, p: float, onsets: torch.Tensor) -> torch.Tensor:
+    """Right after a note (`rows`, B bools), the nucleus `p` among the tokens that place the next
+    onset (`onsets`: the Position tokens and the bar line), their total probability kept: whether
+    another note comes at this onset stays the model's choice; only the far onsets of the tail,
+    each unlikely but many together, are cut (they left holes of a beat or more:
+    benchmarks/silence_sources.py)."""
+    if p >= 1.0 or not bool(rows.any()):
+        return logits
+    sub = logits[:, onsets]
+    probs = torch.softmax(sub, dim=-1)
+    sorted_probs, order = torch.sort(probs, dim=-1, descending=True)
+    drop_sorted = torch.cumsum(sorted_probs, dim=-1) - sorted_probs >= p
+    drop_sorted[..., 0] = False
+    drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+    kept_mass = probs.masked_fill(drop, 0.0).sum(-1, keepdim=True)
+    trimmed = (sub - torch.log(kept_mass)).masked_fill(drop, float("-inf"))
+    out = logits.clone()
+    out[:, onsets] = torch.where(rows.to(logits.device)[:, None] & torch.isfinite(sub).any(-1, keepdim=True),
+                                 trimmed, sub)
+    return out
+
+
+def onset_tokens(tokenizer: REMITokenizer, device) -> torch.Tensor:
+    """The tokens that place the next onset after a note: every Position, and the bar line."""
+    lo, hi = tokenizer.range("Position")
+    return torch.tensor([*range(lo, hi), tokenizer.bar_id], device=device)
+
+
 def _prompt_memory(options: SamplingOptions, tokenizer, model, prompt: torch.Tensor, hidden: list):
     """The continuous cache of `options.repeat` (None when off), holding the (B, T) prompt: its
     hidden states (`hidden`: [(B, T, d)] from prime) with the tokens that followed them."""
@@ -307,6 +339,7 @@ def sample(model: Performer, tokenizer: REMITokenizer, *, num: int = 1, length: 
     model.resample(seed)
     device = next(model.parameters()).device
     steer = _Steering.of(tokenizer, grammar, model.trained_tokens, chords, chord_strength, meter, tempo, bars, device)
+    onsets = onset_tokens(tokenizer, device)
     gen = torch.Generator(device="cpu").manual_seed(seed)
 
     if prompt is None:
@@ -358,6 +391,8 @@ def sample(model: Performer, tokenizer: REMITokenizer, *, num: int = 1, length: 
                     steer.favour_chord_tones(logits[b], states[b], bars_started[b])
             masked = logits.masked_fill(~torch.from_numpy(masks).to(device), float("-inf"))
             at_bar = torch.tensor([not done[b] and states[b].last == BAR for b in range(num)])
+            after_note = torch.tensor([not done[b] and states[b].last == NOTE_END for b in range(num)])
+            masked = trim_far_onsets(masked, after_note, options.onset_top_p, onsets)
             probs = torch.softmax(filter_logits(masked, options, at_bar), dim=-1).cpu()
             nxt = torch.multinomial(probs, 1, generator=gen).squeeze(1)
             for b in range(num):
@@ -422,6 +457,7 @@ def stream_bars(model: Performer, tokenizer: REMITokenizer, *, prompt: np.ndarra
     for t in prompt:
         grammar.advance(st, int(t))
     from_scratch = len(prompt) == 1
+    onsets = onset_tokens(tokenizer, device)
     ids = torch.from_numpy(prompt[None]).to(device)
     logits, state, *hidden = model.prime(ids, weights_dtype=weights_dtype or auto_step_dtype(device, 1),
                                          all_logits=False, want_hidden=options.repeat > 0)
@@ -441,6 +477,7 @@ def stream_bars(model: Performer, tokenizer: REMITokenizer, *, prompt: np.ndarra
         if opens_on_meter(st, from_scratch):
             nxt = int(masked[0].argmax())
         else:
+            masked = trim_far_onsets(masked, torch.tensor([st.last == NOTE_END]), options.onset_top_p, onsets)
             probs = torch.softmax(filter_logits(masked, options, torch.tensor([st.last == BAR])), dim=-1).cpu()
             nxt = int(torch.multinomial(probs, 1, generator=gen)[0, 0])
         if nxt == tokenizer.bar_id and bar:

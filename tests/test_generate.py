@@ -456,6 +456,23 @@ def test_a_piece_from_scratch_opens_on_a_note(tiny_checkpoint):
         assert names[:first_note].count("Bar") == 1, names[:first_note]
 
 
+def test_a_first_bar_holding_only_a_chord_is_no_opening():
+    """A chord change may stand without a note, but not as the whole first bar of a piece from
+    scratch (pop-piano once opened on a chord and 22 empty bars)."""
+    from spemusic.grammar import GrammarState, REMIGrammar
+    from spemusic.sampling import next_token_mask
+    from spemusic.tokenizer import REMITokenizer, TokenizerConfig
+
+    tok = REMITokenizer(TokenizerConfig(chords=True))
+    grammar = REMIGrammar(tok)
+    st = GrammarState()
+    for name in ("BOS", "Bar", "TimeSig_4/4", "Position_0", "Chord_A:min", "Tempo_10"):
+        grammar.advance(st, tok.vocab.index(name))
+    assert grammar.allowed(st)[tok.bar_id]  # the grammar allows it ...
+    assert not next_token_mask(grammar, st, None, from_scratch=True)[tok.bar_id]  # ... the opening does not
+    assert next_token_mask(grammar, st, None, from_scratch=False)[tok.bar_id]
+
+
 def test_a_piece_from_scratch_opens_in_its_most_likely_meter(tiny_checkpoint):
     """No sampled pickup bar: the opening TimeSig is the model's most likely one, whatever the seed."""
     model, tok = load_model(tiny_checkpoint)
@@ -531,7 +548,7 @@ def test_threads_option(run_cli, tiny_checkpoint, tmp_path):
     (["--temperature", "1e-300"], "between 0.001 and 1000"), (["--temperature", "nan"], "between 0.001 and 1000"),
     (["--seed", str(2**64)], "2^63"), (["--seed", "-1"], "2^63"), (["--num", "100000"], "between 1 and 256"),
     (["--chord-strength", "-1"], "--chord-strength"), (["--repeat", "1.5"], "--repeat must be between 0"),
-    (["--repeat", "-0.1"], "--repeat must be between 0"),
+    (["--repeat", "-0.1"], "--repeat must be between 0"), (["--onset-top-p", "0"], "--onset-top-p must be in"),
 ])
 def test_out_of_range_sampling_options(run_cli, tiny_checkpoint, tmp_path, args, message):
     code, _, err = run_cli("generate", "--model", tiny_checkpoint, "--length", 20, "-o", tmp_path / "x.mid", *args)
@@ -541,14 +558,16 @@ def test_out_of_range_sampling_options(run_cli, tiny_checkpoint, tmp_path, args,
 def test_sampling_defaults_follow_the_model():
     from spemusic.cli import _sampling_options
 
-    pop = _sampling_options({"name": "pop-piano"}, 1.0, 0, None, None)
-    groove = _sampling_options({"name": "groove"}, 1.0, 0, None, None)
-    mine = _sampling_options({}, 1.0, 0, 0.9, None)
+    pop = _sampling_options({"name": "pop-piano"}, 1.0, 0)
+    groove = _sampling_options({"name": "groove"}, 1.0, 0)
+    mine = _sampling_options({}, 1.0, 0, top_p=0.9, bar_top_p=None)
     assert (pop.top_p, pop.bar_top_p) == (1.0, 0.8)
     assert (groove.top_p, groove.bar_top_p) == (0.95, 0.95)
     assert (mine.top_p, mine.bar_top_p) == (0.9, 0.8)  # what the user gives wins
-    assert (pop.repeat, groove.repeat, mine.repeat) == (0.9, 0.0, 0.0)  # the cache where it was measured
-    assert _sampling_options({"name": "pop-piano"}, 1.0, 0, None, None, 0.0).repeat == 0.0
+    # the cache and the onset nucleus where they were measured
+    assert (pop.repeat, pop.onset_top_p) == (0.9, 0.9)
+    assert (groove.repeat, groove.onset_top_p, mine.repeat, mine.onset_top_p) == (0.0, 1.0, 0.0, 1.0)
+    assert _sampling_options({"name": "pop-piano"}, 1.0, 0, repeat=0.0).repeat == 0.0
 
 
 def test_sampling_keeps_to_the_vocabulary_seen_in_training(tiny_checkpoint, examples):
