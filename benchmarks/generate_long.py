@@ -1,10 +1,12 @@
 """Long generation at constant cost per token: wall time, per-token time and peak memory of
-the sampler behind `spemusic generate --length` (spemusic.sampling.sample, top-p 1, no MIDI
-written) at 1,000 / 8,000 / 64,000 tokens with the default model (each in a fresh process), and
-tokens/s for --num 1 vs --num 8, side by side in one run.
+the sampler behind `spemusic generate --length` (spemusic.sampling.sample with the model's
+`generate` defaults, no MIDI written) at 1,000 / 8,000 / 64,000 tokens with the default model
+(each in a fresh process), and tokens/s for --num 1 vs --num 8, side by side in one run. With
+`--repeat 0` and `--onset-top-p 1`: the model alone, without the continuous cache.
 
     python benchmarks/generate_long.py                 # ~3 min on 2 CPU cores
     python benchmarks/generate_long.py --lengths 1000 8000 --model groove
+    python benchmarks/generate_long.py --repeat 0 --onset-top-p 1    # pop-piano alone, no cache
 """
 
 from __future__ import annotations
@@ -17,11 +19,12 @@ import sys
 import time
 
 
-def child(model: str, length: int, num: int, seed: int) -> None:
+def child(model: str, length: int, num: int, seed: int, asked: dict) -> None:
     """Run in a fresh process: sample, print one JSON line with timings and peak RSS."""
     import torch
 
     from spemusic.checkpoint import load_model
+    from spemusic.cli import _sampling_options
     from spemusic.sampling import sample
 
     if num <= 2:
@@ -36,7 +39,8 @@ def child(model: str, length: int, num: int, seed: int) -> None:
         times.append(now - last[0])
         last[0] = now
 
-    result = sample(model_, tok, num=num, length=length, seed=seed, on_token=on_token)
+    options = _sampling_options({"name": model}, 1.0, 0, **asked)  # what `generate` samples with
+    result = sample(model_, tok, num=num, length=length, seed=seed, on_token=on_token, options=options)
     tail = times[-min(1000, len(times) // 2):]
     head = times[5: 5 + len(tail)]
     print(json.dumps({
@@ -45,12 +49,13 @@ def child(model: str, length: int, num: int, seed: int) -> None:
         "ms_per_step_first": 1e3 * sum(head) / max(len(head), 1),
         "ms_per_step_last": 1e3 * sum(tail) / max(len(tail), 1),
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "rss_after_load_mb": rss_loaded,
+        "repeat": options.repeat, "onset_top_p": options.onset_top_p,
     }))
 
 
-def run(model: str, length: int, num: int, seed: int = 0) -> dict:
-    out = subprocess.run([sys.executable, __file__, "--child", model, str(length), str(num), str(seed)],
-                         capture_output=True, text=True, check=True)
+def run(model: str, length: int, num: int, asked: dict, seed: int = 0) -> dict:
+    out = subprocess.run([sys.executable, __file__, "--child", model, str(length), str(num), str(seed),
+                          json.dumps(asked)], capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -58,14 +63,18 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="pop-piano")
     ap.add_argument("--lengths", type=int, nargs="+", default=[1000, 8000, 64000])
-    ap.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
+    ap.add_argument("--repeat", type=float, default=None, help="default: the model's, as generate has it")
+    ap.add_argument("--onset-top-p", type=float, default=None, help="default: the model's, as generate has it")
+    ap.add_argument("--child", nargs=5, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        m, length, num, seed = args.child
-        child(m, int(length), int(num), int(seed))
+        m, length, num, seed, asked = args.child
+        child(m, int(length), int(num), int(seed), json.loads(asked))
         return
-    print(f"model {args.model}, batch 1, fresh process per run")
-    rows = [run(args.model, n, 1) for n in args.lengths]
+    asked = {"repeat": args.repeat, "onset_top_p": args.onset_top_p}
+    rows = [run(args.model, n, 1, asked) for n in args.lengths]
+    print(f"model {args.model}, batch 1, fresh process per run, repeat {rows[0]['repeat']} "
+          f"(the continuous cache's share; 0: off), onset top-p {rows[0]['onset_top_p']}")
     base = rows[0]
     print(f"{'length':>8}{'wall s':>9}{'tok/s':>8}{'ms/tok first':>14}{'ms/tok last':>13}{'vs 1st run':>12}"
           f"{'peak MB':>9}{'vs 1st run':>12}")
@@ -73,7 +82,7 @@ def main() -> None:
         print(f"{r['length']:>8}{r['wall_s']:>9.1f}{r['tokens_per_s']:>8.0f}{r['ms_per_step_first']:>14.2f}"
               f"{r['ms_per_step_last']:>13.2f}{r['ms_per_step_last'] / base['ms_per_step_last']:>11.2f}x"
               f"{r['peak_rss_mb']:>9.0f}{r['peak_rss_mb'] / base['peak_rss_mb']:>11.2f}x")
-    b1, b8 = run(args.model, 1000, 1), run(args.model, 1000, 8)
+    b1, b8 = run(args.model, 1000, 1, asked), run(args.model, 1000, 8, asked)
     print(f"\nbatch 1: {b1['tokens_per_s']:.0f} tok/s; batch 8: {b8['tokens_per_s']:.0f} tok/s "
           f"({b8['tokens_per_s'] / b1['tokens_per_s']:.2f}x; goal >= 4x)")
 

@@ -74,29 +74,35 @@ class ContinuousCache:
         self.keys = torch.zeros(batch, self.size, dim, device=device)
         self.tokens = torch.zeros(batch, self.size, dtype=torch.long, device=device)
         self.written = torch.full((self.size,), -1, dtype=torch.long, device=device)  # entry index per slot
+        self.tags = torch.full((batch, self.size), -1, dtype=torch.long, device=device)
         self.filled = 0  # entries written (all pieces advance together)
 
-    def add(self, hidden: torch.Tensor, next_ids: torch.Tensor) -> None:
-        """Append (B, T, d) hidden states and the (B, T) tokens that followed each."""
+    def add(self, hidden: torch.Tensor, next_ids: torch.Tensor, tags: torch.Tensor | None = None) -> None:
+        """Append (B, T, d) hidden states and the (B, T) tokens that followed each; `tags` (B, T):
+        a label per entry that `mix` can require (the chord in force, with --chords)."""
         T = hidden.shape[1]
         index = self.filled + torch.arange(T, device=hidden.device)
         keep = slice(max(0, T - self.size), T)
         slots = index[keep] % self.size
         self.keys[:, slots] = F.normalize(hidden[:, keep].float(), dim=-1)
         self.tokens[:, slots] = next_ids[:, keep]
+        self.tags[:, slots] = -1 if tags is None else tags[:, keep]
         self.written[slots] = index[keep]
         self.filled += T
 
-    def mix(self, logits: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+    def mix(self, logits: torch.Tensor, hidden: torch.Tensor, tag: torch.Tensor | None = None) -> torch.Tensor:
         """(B, V) logits and the (B, d) hidden state they were read from -> (B, V) log-probabilities
-        of the mixture (the model's own where the cache has nothing old enough)."""
+        of the mixture (the model's own where the cache has nothing old enough). `tag` (B,): only
+        entries of that tag are searched."""
         log_p = torch.log_softmax(logits.float(), dim=-1)
-        searched = (self.written >= 0) & (self.written < self.filled - self.options.gap)
+        searched = ((self.written >= 0) & (self.written < self.filled - self.options.gap))[None]
+        if tag is not None:
+            searched = searched & (self.tags == tag[:, None])
         if not bool(searched.any()):
             return log_p
         cos = torch.einsum("bwd,bd->bw", self.keys, F.normalize(hidden.float(), dim=-1))
         cos = cos.masked_fill(~searched, float("-inf"))
-        weights = torch.softmax(self.options.theta * cos, dim=-1)
+        weights = torch.softmax(self.options.theta * cos, dim=-1).nan_to_num(0.0)  # a row with none: 0
         p_cache = torch.zeros_like(log_p).scatter_add_(1, self.tokens, weights)
         lam = self.options.weight * torch.sigmoid(self.options.slope * (cos.max(-1).values - self.options.at))
         return _mix_within_kinds(log_p, p_cache, lam, self.groups)

@@ -297,14 +297,25 @@ def onset_tokens(tokenizer: REMITokenizer, device) -> torch.Tensor:
     return torch.tensor([*range(lo, hi), tokenizer.bar_id], device=device)
 
 
-def _prompt_memory(options: SamplingOptions, tokenizer, model, prompt: torch.Tensor, hidden: list):
+def _prompt_memory(options: SamplingOptions, tokenizer, model, prompt: torch.Tensor, hidden: list,
+                   by_chord: bool = False):
     """The continuous cache of `options.repeat` (None when off), holding the (B, T) prompt: its
-    hidden states (`hidden`: [(B, T, d)] from prime) with the tokens that followed them."""
+    hidden states (`hidden`: [(B, T, d)] from prime) with the tokens that followed them; `by_chord`:
+    each tagged with the chord in force (`chords_in_force`)."""
     if options.repeat <= 0:
         return None
     memory = ContinuousCache(options.cache(), tokenizer, prompt.shape[0], model.cfg.d_model, prompt.device)
-    memory.add(hidden[0][:, :-1], prompt[:, 1:])
+    tags = chords_in_force(prompt, tokenizer)[:, :-1] if by_chord else None
+    memory.add(hidden[0][:, :-1], prompt[:, 1:], tags)
     return memory
+
+
+def chords_in_force(ids: torch.Tensor, tokenizer: REMITokenizer) -> torch.Tensor:
+    """(B, T) ids -> (B, T): at each position, the last Chord token at or before it (-1: none)."""
+    lo, hi = tokenizer.range("Chord")
+    index = torch.arange(ids.shape[1], device=ids.device).expand_as(ids)
+    last = torch.where((ids >= lo) & (ids < hi), index, torch.full_like(ids, -1)).cummax(1).values
+    return torch.where(last >= 0, ids.gather(1, last.clamp_min(0)), torch.full_like(ids, -1))
 
 
 @torch.inference_mode()
@@ -363,7 +374,9 @@ def sample(model: Performer, tokenizer: REMITokenizer, *, num: int = 1, length: 
     logits, state, *hidden = model.prime(batch_prompt, weights_dtype=weights_dtype or auto_step_dtype(device, num),
                                          all_logits=False, want_hidden=options.repeat > 0)
     logits = logits[:, -1]
-    memory = _prompt_memory(options, tokenizer, model, batch_prompt, hidden)
+    # with --chords, a bar copies only from moments under its own chord: the harmony is the user's
+    by_chord = chords is not None
+    memory = _prompt_memory(options, tokenizer, model, batch_prompt, hidden, by_chord)
     if memory is not None:
         hidden = hidden[0][:, -1]
     # continuing a prompt starts a new bar: the prompt stays as the user wrote it
@@ -385,7 +398,8 @@ def sample(model: Performer, tokenizer: REMITokenizer, *, num: int = 1, length: 
                 else:
                     masks[b] = steer.mask(states[b], bars_started[b], from_scratch)
             force_bar = False
-            logits = logits.float() if memory is None else memory.mix(logits, hidden)
+            tags = torch.tensor([st.chord for st in states], device=device) if by_chord else None
+            logits = logits.float() if memory is None else memory.mix(logits, hidden, tags)
             for b in range(num):
                 if not done[b]:
                     steer.favour_chord_tones(logits[b], states[b], bars_started[b])
@@ -422,7 +436,7 @@ def sample(model: Performer, tokenizer: REMITokenizer, *, num: int = 1, length: 
             if memory is None:
                 logits, state = model.step(state, nxt.to(device))
             else:
-                memory.add(hidden[:, None], nxt.to(device)[:, None])
+                memory.add(hidden[:, None], nxt.to(device)[:, None], None if tags is None else tags[:, None])
                 logits, state, hidden = model.step(state, nxt.to(device), want_hidden=True)
     except KeyboardInterrupt:
         interrupted = True

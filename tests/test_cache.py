@@ -8,6 +8,7 @@ import torch
 
 from spemusic.cache import CacheOptions, ContinuousCache, mixture_nll
 from spemusic.checkpoint import load_model
+from spemusic.grammar import REMIGrammar
 from spemusic.sampling import SamplingOptions, sample
 
 
@@ -87,3 +88,34 @@ def test_the_cache_memory_is_fixed_by_its_window(tiny_checkpoint):
         memory.add(torch.randn(2, 3, model.cfg.d_model), torch.zeros(2, 3, dtype=torch.long))
     assert memory.keys.nbytes + memory.tokens.nbytes == before and memory.filled == 300
     assert int(memory.written.min()) == 300 - 20  # the newest window + gap entries
+
+
+def test_chords_in_force():
+    from spemusic.sampling import chords_in_force
+    from spemusic.tokenizer import REMITokenizer, TokenizerConfig
+
+    tok = REMITokenizer(TokenizerConfig(chords=True))
+    names = ["BOS", "Bar", "TimeSig_4/4", "Position_0", "Chord_A:min", "Tempo_10", "Bar", "Position_0", "Chord_C:maj"]
+    ids = torch.tensor([[tok.vocab.index(n) for n in names]])
+    a, c = tok.vocab.index("Chord_A:min"), tok.vocab.index("Chord_C:maj")
+    assert chords_in_force(ids, tok)[0].tolist() == [-1, -1, -1, -1, a, a, a, a, c]
+
+
+def test_with_chords_the_cache_copies_only_under_the_same_chord(shared_data):
+    """With --chords, a bar's notes are copied only from moments under its own chord: entries
+    tagged with another chord are not searched (here: the mixture equals the model alone)."""
+    model, tok = load_model("pop-piano")
+    model.eval()
+    song = _real_song(shared_data, tok, 600)
+    opts = SamplingOptions(repeat=0.9).cache()
+    with torch.no_grad():
+        logits, hidden = model._parallel(song[None, :-1], False, want_hidden=True)
+    memory = ContinuousCache(opts, tok, 1, model.cfg.d_model, "cpu")
+    memory.add(hidden[:, :-1], song[None, 1:-1], torch.full((1, len(song) - 2), 7))
+    last = logits[:, -1]
+    other = memory.mix(last, hidden[:, -1], torch.tensor([8]))
+    same = memory.mix(last, hidden[:, -1], torch.tensor([7]))
+    assert torch.allclose(other, torch.log_softmax(last.float(), -1), atol=1e-6)
+    assert not torch.allclose(same, other, atol=1e-3)
+    ids = sample(model, tok, num=1, bars=4, seed=0, chords=["C:maj", "G:maj"], options=SamplingOptions(repeat=0.9)).ids[0]
+    assert REMIGrammar(tok).is_valid(ids)
