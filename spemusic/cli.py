@@ -116,8 +116,9 @@ TOP_P_HELP = "Nucleus sampling mass in (0, 1]; 1 turns it off. \\[default: 1; 0.
 BAR_TOP_P_HELP = ("Nucleus mass at each bar line, where the model picks whether the meter changes and where the "
                   "bar's first note falls: 0.8 keeps the meter unless the model is sure of a change. "
                   "\\[default: 0.8; 0.95 for groove]")
-ONSET_TOP_P_HELP = ("Nucleus mass among the onsets that may follow a note (whether one follows stays the model's "
-                    "choice): below 1 cuts the far ones of the tail, which leave holes. "
+ONSET_TOP_P_HELP = ("Nucleus mass among the places the next onset may take after a note (the positions and the "
+                    "bar line; whether another note comes at the same onset stays the model's choice): below 1 "
+                    "cuts the far onsets of the tail, which leave holes. "
                     "\\[default: 0.9 for pop-piano, else 1]")
 REPEAT_HELP = ("How strongly a piece repeats its earlier bars, 0 to 1: the share a continuous cache of the piece's "
                "own hidden states may take where the model is somewhere it has been before (0: the model alone). "

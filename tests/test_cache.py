@@ -119,3 +119,24 @@ def test_with_chords_the_cache_copies_only_under_the_same_chord(shared_data):
     assert not torch.allclose(same, other, atol=1e-3)
     ids = sample(model, tok, num=1, bars=4, seed=0, chords=["C:maj", "G:maj"], options=SamplingOptions(repeat=0.9)).ids[0]
     assert REMIGrammar(tok).is_valid(ids)
+
+
+def test_endless_play_samples_with_the_cache(tiny_checkpoint):
+    """`play`'s bar-by-bar sampler (stream_bars) with the cache: valid bars, deterministic, not
+    the same music as without it."""
+    from spemusic.sampling import stream_bars
+
+    model, tok = load_model(tiny_checkpoint)
+
+    def bars(options, n=6):
+        out = []
+        for bar in stream_bars(model, tok, seed=4, options=options):
+            out += bar
+            if sum(t == tok.bar_id for t in out) == n:
+                return out
+
+    cached = bars(SamplingOptions(repeat=1.0, onset_top_p=0.9))
+    assert cached == bars(SamplingOptions(repeat=1.0, onset_top_p=0.9))
+    assert cached != bars(SamplingOptions())
+    ids = [tok.bos_id, *cached, tok.bar_id]
+    assert REMIGrammar(tok).first_violation(ids) is None

@@ -13,7 +13,7 @@ ROWS = [
     ["cli"],
     ["pieces", "train", "evaluate", "play", "release"],
     ["sampling", "prompts", "data", "pianoroll", "audio", "metrics", "keys"],
-    ["checkpoint", "device"],
+    ["checkpoint", "device", "cache"],
     ["model"],
     ["spe", "attention", "recurrent", "positional", "fused", "compiled"],
     ["grammar", "tokenizer", "beats", "chords", "files", "errors", "options", "memory", "examples"],
