@@ -170,13 +170,16 @@ def render(score: symusic.Score, fmt: str = ".png", bars: tuple[int, int] | None
         ax.set_xlim(x0, x1)
     top = axes[0]
     every = max(1, int(np.ceil((last - first + 1) / max(8, width / 45))))  # bar numbers that fit
-    numbered = [b for b in range(first, last + 1) if (b - first) % every == 0]
+    px_per_tick = width * (1 - 90 / width) / max(x1 - x0, 1)
+    # a bar cut short (a pickup, a meter change) under 20 px keeps its line but not its number,
+    # which would run into the next bar's
+    numbered = [b for b in range(first, last + 1) if (b - first) % every == 0
+                and (b == last or (grid.starts[b] - grid.starts[b - 1]) * px_per_tick >= 20)]
     axes[-1].set_xticks([grid.starts[b - 1] for b in numbered], [str(b) for b in numbered])
     axes[-1].set_xlabel("bar")
     # marker labels (chords, the continuation) along the top; one that would run into the label
     # before it goes up a line, of three (labels take ~5 px a character at 7 pt: 6 leaves a gap;
     # with every line taken, the one free first)
-    px_per_tick = width * (1 - 90 / width) / max(x1 - x0, 1)
     ends = [-np.inf] * 3  # where the last label of each line ends, in ticks
     for time, text in markers:
         label = "continuation →" if text == CONTINUATION_MARKER else text
