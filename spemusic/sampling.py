@@ -26,8 +26,8 @@ class SamplingOptions:
     top_k: int = 0          # 0: off
     top_p: float = 1.0      # 1.0: off
     bar_top_p: float = 1.0  # the nucleus right after each Bar token (meter change, first onset); 1.0: off
-    onset_top_p: float = 1.0  # the nucleus right after each note (another note here, the next onset, or
-                              # the bar line: the far onsets of the tail leave holes); 1.0: off
+    onset_top_p: float = 1.0  # right after each note, the nucleus among the Positions and the bar line,
+                              # their total kept (trim_far_onsets: far onsets leave holes); 1.0: off
     repeat: float = 0.0     # the continuous cache's largest share (spemusic.cache): the piece copies its
                             # earlier bars where it is somewhere it has been before; 0: off
 
