@@ -62,19 +62,19 @@ def pitch_targets(s: np.ndarray, tok) -> list[tuple[int, int, int, int]]:
     return out
 
 
-CACHE = None  # (CacheOptions, token groups) with --repeat
-
-
-def nll_of(model, s: np.ndarray) -> np.ndarray:
-    """Teacher-forced NLL of tokens 1.. of `s` (mixed with the continuous cache with --repeat)."""
+def nll_of(model, s: np.ndarray, cache=None) -> np.ndarray:
+    """Teacher-forced NLL of tokens 1.. of `s`; `cache` (CacheOptions, token groups): of the model
+    mixed with the continuous cache (--repeat)."""
+    x, targets = torch.from_numpy(s[None, :-1]), torch.from_numpy(s[1:])
+    if cache is not None:
+        logits, hidden = model.logits_and_hidden(x)
+        return mixture_nll(logits[0], hidden[0], targets, *cache).numpy()
     with torch.no_grad():
-        logits, hidden = model._parallel(torch.from_numpy(s[None, :-1]), False, want_hidden=True)
-        if CACHE is not None:
-            return mixture_nll(logits[0], hidden[0], torch.from_numpy(s[1:]), *CACHE).numpy()
-    return F.cross_entropy(logits[0].float(), torch.from_numpy(s[1:]), reduction="none").numpy()
+        logits = model(x).float()[0]
+    return F.cross_entropy(logits, targets, reduction="none").numpy()
 
 
-def repeated_bar(model, tok, songs, bar: int = 6, repeats: int = 8) -> np.ndarray:
+def repeated_bar(model, tok, songs, bar: int = 6, repeats: int = 8, cache=None) -> np.ndarray:
     """Per repeat: mean probability of the Pitch tokens and NLL per token, over the songs, of
     bar `bar` of each song played `repeats` times after the bars before it."""
     pitch_lo, pitch_hi = tok.range("Pitch")
@@ -85,7 +85,7 @@ def repeated_bar(model, tok, songs, bar: int = 6, repeats: int = 8) -> np.ndarra
             continue
         head, one = s[: starts[bar]], s[starts[bar]: starts[bar + 1]]
         seq = np.concatenate([head] + [one] * repeats)
-        nll, targets = nll_of(model, seq), seq[1:]
+        nll, targets = nll_of(model, seq, cache), seq[1:]
         for r in range(repeats):
             span = slice(len(head) + r * len(one) - 1, len(head) + (r + 1) * len(one) - 1)
             pitch = (targets[span] >= pitch_lo) & (targets[span] < pitch_hi)
@@ -135,14 +135,11 @@ def main() -> None:
     ap.add_argument("--repeat", type=float, default=0.0, help="score the model mixed with the continuous cache "
                     "of this share (generate --repeat; the attention table is the network's own)")
     args = ap.parse_args()
-    global CACHE
-    if args.repeat:
-        opts = SamplingOptions(repeat=args.repeat).cache()
     torch.manual_seed(0)
     model, tok = load_model(args.model)
     model.resample(0)
-    if args.repeat:
-        CACHE = (opts, opts.groups(tok))
+    opts = SamplingOptions(repeat=args.repeat).cache()
+    with_cache = (opts, opts.groups(tok)) if opts is not None else None
     if args.exact_softmax:
         for block in model.blocks:
             block.attn.favor = False
@@ -151,7 +148,7 @@ def main() -> None:
     rows = []  # (best overlap of the note's bar, copyable, nll)
     t0 = time.perf_counter()
     for s in songs:
-        nll = nll_of(model, s)
+        nll = nll_of(model, s, with_cache)
         g = note_grid(s, tok)
         sets = bar_sets(g)
         best = {b: (a, j) for b, a, j in best_earlier_bars(g)}
@@ -160,7 +157,7 @@ def main() -> None:
                 a, j = best[bar]
                 rows.append((j, a >= 0 and (pitch, q) in sets[a], nll[i]))
     r = np.array(rows, dtype=np.float64)
-    repeat_table = repeated_bar(model, tok, songs, repeats=args.repeats)
+    repeat_table = repeated_bar(model, tok, songs, repeats=args.repeats, cache=with_cache)
     sharpness = attention_sharpness(model, songs[0][:1024].copy()) if len(songs[0]) >= 1024 else []
     flag = (" --exact-softmax" if args.exact_softmax else "") + (f" --repeat {args.repeat}" if args.repeat else "")
     print(f"$ python benchmarks/copying.py --model {args.model} --songs {args.songs} --length {args.length}{flag}\n")

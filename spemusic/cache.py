@@ -11,8 +11,8 @@ final-normed hidden states h_i with the token that followed each, and at step t 
 where λ_t = weight · sigmoid(slope · (max_i cos(h_t, h_i) - at)): the cache speaks when the
 model is somewhere it has been before. Memory and time per token are fixed by the window (a
 (window, d) ring buffer per piece), so generation stays O(1) per token. It has no weights: θ, the
-weight and the gate were chosen by NLL on POP909 train songs (`spemusic eval --cache` gives the
-NLL with it on any data).
+weight and the gate were chosen by NLL on POP909 train songs (`spemusic eval --repeat W` gives
+the NLL with it on any data).
 """
 from __future__ import annotations
 
@@ -64,8 +64,21 @@ def _mix_within_kinds(log_p_model: torch.Tensor, p_cache: torch.Tensor, lam: tor
     return torch.logaddexp(torch.log1p(-lam_x) + log_p_model, torch.log(lam_x * p_cache * (scale @ groups)))
 
 
+def _mix_matches(log_p_model: torch.Tensor, cos: torch.Tensor, tokens: torch.Tensor, options: CacheOptions,
+                 groups: torch.Tensor) -> torch.Tensor:
+    """The mixture's log p (rows, V) from each row's cosine similarities to the entries it may
+    search (rows, n; -inf: not searched) and the tokens that followed those entries (rows, n):
+    the step of generation and the chunks of teacher-forced scoring alike. A row that searches
+    nothing gets λ = 0: the model's own distribution."""
+    weights = torch.softmax(options.theta * cos, dim=-1).nan_to_num(0.0)
+    p_cache = torch.zeros_like(log_p_model).scatter_add_(1, tokens, weights)
+    lam = options.weight * torch.sigmoid(options.slope * (cos.max(-1).values - options.at))
+    return _mix_within_kinds(log_p_model, p_cache, lam, groups)
+
+
 class ContinuousCache:
-    """Per piece of a batch, a ring buffer of the last `window` (hidden state, next token) pairs."""
+    """Per piece of a batch, a ring buffer of the last `window` + `gap` (hidden state, next token)
+    pairs; entry i lives in slot i mod (window + gap)."""
 
     def __init__(self, options: CacheOptions, tokenizer, batch: int, dim: int, device):
         self.options = options
@@ -73,21 +86,19 @@ class ContinuousCache:
         self.size = options.window + options.gap
         self.keys = torch.zeros(batch, self.size, dim, device=device)
         self.tokens = torch.zeros(batch, self.size, dtype=torch.long, device=device)
-        self.written = torch.full((self.size,), -1, dtype=torch.long, device=device)  # entry index per slot
         self.tags = torch.full((batch, self.size), -1, dtype=torch.long, device=device)
+        self.slots = torch.arange(self.size, device=device)
         self.filled = 0  # entries written (all pieces advance together)
 
     def add(self, hidden: torch.Tensor, next_ids: torch.Tensor, tags: torch.Tensor | None = None) -> None:
         """Append (B, T, d) hidden states and the (B, T) tokens that followed each; `tags` (B, T):
         a label per entry that `mix` can require (the chord in force, with --chords)."""
         T = hidden.shape[1]
-        index = self.filled + torch.arange(T, device=hidden.device)
         keep = slice(max(0, T - self.size), T)
-        slots = index[keep] % self.size
+        slots = (self.filled + torch.arange(T, device=hidden.device)[keep]) % self.size
         self.keys[:, slots] = F.normalize(hidden[:, keep].float(), dim=-1)
         self.tokens[:, slots] = next_ids[:, keep]
         self.tags[:, slots] = -1 if tags is None else tags[:, keep]
-        self.written[slots] = index[keep]
         self.filled += T
 
     def mix(self, logits: torch.Tensor, hidden: torch.Tensor, tag: torch.Tensor | None = None) -> torch.Tensor:
@@ -95,17 +106,14 @@ class ContinuousCache:
         of the mixture (the model's own where the cache has nothing old enough). `tag` (B,): only
         entries of that tag are searched."""
         log_p = torch.log_softmax(logits.float(), dim=-1)
-        searched = ((self.written >= 0) & (self.written < self.filled - self.options.gap))[None]
+        age = (self.filled - 1 - self.slots) % self.size  # steps since each slot's entry was written
+        searched = ((age >= self.options.gap) & (age < self.filled))[None]
         if tag is not None:
             searched = searched & (self.tags == tag[:, None])
         if not bool(searched.any()):
             return log_p
         cos = torch.einsum("bwd,bd->bw", self.keys, F.normalize(hidden.float(), dim=-1))
-        cos = cos.masked_fill(~searched, float("-inf"))
-        weights = torch.softmax(self.options.theta * cos, dim=-1).nan_to_num(0.0)  # a row with none: 0
-        p_cache = torch.zeros_like(log_p).scatter_add_(1, self.tokens, weights)
-        lam = self.options.weight * torch.sigmoid(self.options.slope * (cos.max(-1).values - self.options.at))
-        return _mix_within_kinds(log_p, p_cache, lam, self.groups)
+        return _mix_matches(log_p, cos.masked_fill(~searched, float("-inf")), self.tokens, self.options, self.groups)
 
 
 def mixture_nll(logits: torch.Tensor, hidden: torch.Tensor, targets: torch.Tensor, options: CacheOptions,
@@ -121,16 +129,11 @@ def mixture_nll(logits: torch.Tensor, hidden: torch.Tensor, targets: torch.Tenso
     for q0 in range(0, T, chunk):
         q1 = min(q0 + chunk, T)
         k0 = max(0, q0 - W - gap)
-        cos = keys[q0:q1] @ keys[k0:q1].T  # (q, k)
-        qi = torch.arange(q0, q1, device=cos.device)[:, None]
-        ki = torch.arange(k0, q1, device=cos.device)[None, :]
+        qi = torch.arange(q0, q1, device=keys.device)[:, None]
+        ki = torch.arange(k0, q1, device=keys.device)[None, :]
         seen = (ki < qi - gap) & (ki >= qi - gap - W)
-        cos = cos.masked_fill(~seen, float("-inf"))
-        weights = torch.softmax(options.theta * cos, -1).nan_to_num(0.0)
-        p_cache = torch.zeros(q1 - q0, logits.shape[1], device=logits.device)
-        p_cache.scatter_add_(1, targets[k0:q1][None, :].expand(q1 - q0, -1), weights)
-        lam = options.weight * torch.sigmoid(options.slope * (cos.max(-1).values - options.at))
-        lam = torch.where(seen.any(-1), lam, torch.zeros_like(lam))
-        log_p = _mix_within_kinds(torch.log_softmax(logits[q0:q1].float(), -1), p_cache, lam, groups)
+        cos = (keys[q0:q1] @ keys[k0:q1].T).masked_fill(~seen, float("-inf"))
+        log_p = _mix_matches(torch.log_softmax(logits[q0:q1].float(), -1), cos,
+                             targets[k0:q1][None, :].expand(q1 - q0, -1), options, groups)
         out[q0:q1] = -log_p.gather(1, targets[q0:q1, None])[:, 0]
     return out

@@ -73,7 +73,7 @@ def position_nll(model: Performer, sequences: list[np.ndarray], pad_id: int, max
             logits = model(x[:, :-1]).float()
             nll = F.cross_entropy(logits.transpose(1, 2), targets, reduction="none", ignore_index=pad_id)
         else:
-            logits, hidden = model._parallel(x[:, :-1], False, want_hidden=True)
+            logits, hidden = model.logits_and_hidden(x[:, :-1])
             nll = torch.zeros(targets.shape, device=x.device)
             for j, p in enumerate(group):
                 n = len(p) - 1

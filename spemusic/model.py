@@ -422,10 +422,19 @@ class Performer(nn.Module):
         """(…, d) -> (…, V) logits (final norm, output tied to the embedding)."""
         return norm_linear(x, self.ln_f, self.tok.weight, None)
 
-    def hidden(self, x: torch.Tensor) -> torch.Tensor:
-        """(…, d) -> (…, d) fp32: the final-normed state the logits are read from (what a
-        continuous cache matches, spemusic.cache)."""
-        return self.ln_f(x).float()
+    def _read_out(self, x: torch.Tensor, want_hidden: bool):
+        """The logits of `head`, or (logits, the final-normed state (…, d) fp32 they are read
+        from: what a continuous cache matches, spemusic.cache), the norm taken once."""
+        if not want_hidden:
+            return self.head(x)
+        h = self.ln_f(x)
+        return F.linear(h, self.tok.weight), h.float()  # head(x) outside training, to the bit
+
+    @torch.no_grad()
+    def logits_and_hidden(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(B, T) token ids -> next-token logits (B, T, V) and final-normed states (B, T, d): what
+        teacher-forced scoring with a continuous cache needs (spemusic.cache.mixture_nll)."""
+        return self._parallel(ids, want_state=False, want_hidden=True)
 
     def _check_ids(self, ids: torch.Tensor, ndim: int, check_range: bool = True):
         if not isinstance(ids, torch.Tensor) or ids.dim() != ndim:
@@ -468,10 +477,10 @@ class Performer(nn.Module):
                 x, st, hist = blk(x, ctx, want_state)
             states.append(st)
             histories.append(hist)
-        logits = self.head(x)
-        extra = (self.hidden(x),) if want_hidden else ()
+        out = self._read_out(x, want_hidden)
+        logits, extra = (out[0], out[1:]) if want_hidden else (out, ())
         if not want_state:
-            return (logits, *extra) if want_hidden else logits
+            return out
         plan = state.plan if state is not None else build_plan(self, codes, weights_dtype)
         return (logits, State(position=start + T, batch_size=B, layers=states, pe=self._streams(codes, start + T),
                               plan=plan, histories=histories if self.cfg.short_conv else []), *extra)
@@ -537,6 +546,6 @@ class Performer(nn.Module):
                 x, history = blk.step(x, lp, plan, S, state.histories[i] if lp.shift is not None else None)
                 if history is not None:
                     state.histories[i] = history
-            logits = self.head(x)
+            out = self._read_out(x, want_hidden)
         state.position = t + 1
-        return (logits, state, self.hidden(x)) if want_hidden else (logits, state)
+        return (out[0], state, out[1]) if want_hidden else (out, state)

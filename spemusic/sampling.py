@@ -76,14 +76,18 @@ def filter_logits(logits: torch.Tensor, opts: SamplingOptions, at_bar: torch.Ten
         kth = torch.topk(logits, opts.top_k, dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
     if opts.top_p < 1.0:
-        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
-        probs = torch.softmax(sorted_logits, dim=-1)
-        mass_before = torch.cumsum(probs, dim=-1) - probs
-        drop_sorted = mass_before >= opts.top_p
-        drop_sorted[..., 0] = False
-        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
-        logits = logits.masked_fill(drop, float("-inf"))
+        logits = logits.masked_fill(outside_nucleus(logits, opts.top_p), float("-inf"))
     return logits
+
+
+def outside_nucleus(logits: torch.Tensor, p: float) -> torch.Tensor:
+    """True for the tokens outside the smallest set of most likely ones whose mass reaches p (the
+    most likely token always in; ties at the cut broken by sort order, deterministically)."""
+    sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+    probs = torch.softmax(sorted_logits, dim=-1)
+    drop_sorted = torch.cumsum(probs, dim=-1) - probs >= p
+    drop_sorted[..., 0] = False
+    return torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
 
 
 @dataclass
@@ -278,12 +282,8 @@ def trim_far_onsets(logits: torch.Tensor, rows: torch.Tensor, p: float, onsets: 
     if p >= 1.0 or not bool(rows.any()):
         return logits
     sub = logits[:, onsets]
-    probs = torch.softmax(sub, dim=-1)
-    sorted_probs, order = torch.sort(probs, dim=-1, descending=True)
-    drop_sorted = torch.cumsum(sorted_probs, dim=-1) - sorted_probs >= p
-    drop_sorted[..., 0] = False
-    drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
-    kept_mass = probs.masked_fill(drop, 0.0).sum(-1, keepdim=True)
+    drop = outside_nucleus(sub, p)
+    kept_mass = torch.softmax(sub, dim=-1).masked_fill(drop, 0.0).sum(-1, keepdim=True)
     trimmed = (sub - torch.log(kept_mass)).masked_fill(drop, float("-inf"))
     out = logits.clone()
     out[:, onsets] = torch.where(rows.to(logits.device)[:, None] & torch.isfinite(sub).any(-1, keepdim=True),
@@ -297,17 +297,35 @@ def onset_tokens(tokenizer: REMITokenizer, device) -> torch.Tensor:
     return torch.tensor([*range(lo, hi), tokenizer.bar_id], device=device)
 
 
-def _prompt_memory(options: SamplingOptions, tokenizer, model, prompt: torch.Tensor, hidden: list,
-                   by_chord: bool = False):
-    """The continuous cache of `options.repeat` (None when off), holding the (B, T) prompt: its
-    hidden states (`hidden`: [(B, T, d)] from prime) with the tokens that followed them; `by_chord`:
-    each tagged with the chord in force (`chords_in_force`)."""
-    if options.repeat <= 0:
-        return None
-    memory = ContinuousCache(options.cache(), tokenizer, prompt.shape[0], model.cfg.d_model, prompt.device)
-    tags = chords_in_force(prompt, tokenizer)[:, :-1] if by_chord else None
-    memory.add(hidden[0][:, :-1], prompt[:, 1:], tags)
-    return memory
+class _Decoder:
+    """The recurrent state of a batch of pieces after a prompt, with the continuous cache of
+    `options.repeat` when it is on (the prompt's hidden states first): `next_log_probs` is what
+    the sampler draws from, `feed` advances every piece by one token. `tags` (B,), with
+    `by_chord`: the chord in force in each piece, the same for the draw and the feed of a step."""
+
+    def __init__(self, model: Performer, tokenizer: REMITokenizer, prompt: torch.Tensor, options: SamplingOptions,
+                 weights_dtype: torch.dtype, by_chord: bool = False):
+        self.model, self.memory, self.hidden = model, None, None
+        logits, self.state, *hidden = model.prime(prompt, weights_dtype=weights_dtype, all_logits=False,
+                                                  want_hidden=options.repeat > 0)
+        self.logits = logits[:, -1]
+        if options.repeat > 0:
+            self.memory = ContinuousCache(options.cache(), tokenizer, prompt.shape[0], model.cfg.d_model,
+                                          prompt.device)
+            tags = chords_in_force(prompt, tokenizer)[:, :-1] if by_chord else None
+            self.memory.add(hidden[0][:, :-1], prompt[:, 1:], tags)
+            self.hidden = hidden[0][:, -1]
+
+    def next_log_probs(self, tags: torch.Tensor | None = None) -> torch.Tensor:
+        """(B, V): the model's logits, or the log-probabilities of its mixture with the cache."""
+        return self.logits.float() if self.memory is None else self.memory.mix(self.logits, self.hidden, tags)
+
+    def feed(self, ids: torch.Tensor, tags: torch.Tensor | None = None) -> None:
+        if self.memory is None:
+            self.logits, self.state = self.model.step(self.state, ids)
+            return
+        self.memory.add(self.hidden[:, None], ids[:, None], None if tags is None else tags[:, None])
+        self.logits, self.state, self.hidden = self.model.step(self.state, ids, want_hidden=True)
 
 
 def chords_in_force(ids: torch.Tensor, tokenizer: REMITokenizer) -> torch.Tensor:
@@ -371,14 +389,9 @@ def sample(model: Performer, tokenizer: REMITokenizer, *, num: int = 1, length: 
     done = [False] * num
     from_scratch = len(prompt) == 1
     batch_prompt = torch.from_numpy(np.tile(prompt, (num, 1))).to(device)
-    logits, state, *hidden = model.prime(batch_prompt, weights_dtype=weights_dtype or auto_step_dtype(device, num),
-                                         all_logits=False, want_hidden=options.repeat > 0)
-    logits = logits[:, -1]
     # with --chords, a bar copies only from moments under its own chord: the harmony is the user's
-    by_chord = chords is not None
-    memory = _prompt_memory(options, tokenizer, model, batch_prompt, hidden, by_chord)
-    if memory is not None:
-        hidden = hidden[0][:, -1]
+    by_chord = chords is not None and options.repeat > 0
+    decoder = _Decoder(model, tokenizer, batch_prompt, options, weights_dtype or auto_step_dtype(device, num), by_chord)
     # continuing a prompt starts a new bar: the prompt stays as the user wrote it
     force_bar = len(prompt) > 1
     # with --bars, a piece that never closes its bars is stopped all the same
@@ -399,7 +412,7 @@ def sample(model: Performer, tokenizer: REMITokenizer, *, num: int = 1, length: 
                     masks[b] = steer.mask(states[b], bars_started[b], from_scratch)
             force_bar = False
             tags = torch.tensor([st.chord for st in states], device=device) if by_chord else None
-            logits = logits.float() if memory is None else memory.mix(logits, hidden, tags)
+            logits = decoder.next_log_probs(tags)
             for b in range(num):
                 if not done[b]:
                     steer.favour_chord_tones(logits[b], states[b], bars_started[b])
@@ -433,11 +446,7 @@ def sample(model: Performer, tokenizer: REMITokenizer, *, num: int = 1, length: 
             if should_stop is not None and should_stop():
                 interrupted = True
                 break
-            if memory is None:
-                logits, state = model.step(state, nxt.to(device))
-            else:
-                memory.add(hidden[:, None], nxt.to(device)[:, None], None if tags is None else tags[:, None])
-                logits, state, hidden = model.step(state, nxt.to(device), want_hidden=True)
+            decoder.feed(nxt.to(device), tags)
     except KeyboardInterrupt:
         interrupted = True
     wall = time.perf_counter() - t0
@@ -472,13 +481,8 @@ def stream_bars(model: Performer, tokenizer: REMITokenizer, *, prompt: np.ndarra
         grammar.advance(st, int(t))
     from_scratch = len(prompt) == 1
     onsets = onset_tokens(tokenizer, device)
-    ids = torch.from_numpy(prompt[None]).to(device)
-    logits, state, *hidden = model.prime(ids, weights_dtype=weights_dtype or auto_step_dtype(device, 1),
-                                         all_logits=False, want_hidden=options.repeat > 0)
-    logits = logits[:, -1]
-    memory = _prompt_memory(options, tokenizer, model, ids, hidden)
-    if memory is not None:
-        hidden = hidden[0][:, -1]
+    decoder = _Decoder(model, tokenizer, torch.from_numpy(prompt[None]).to(device), options,
+                       weights_dtype or auto_step_dtype(device, 1))
     bar: list[int] = []
     while True:
         if not from_scratch and not bar:  # continuing a prompt starts a new bar
@@ -486,8 +490,7 @@ def stream_bars(model: Performer, tokenizer: REMITokenizer, *, prompt: np.ndarra
             mask[tokenizer.bar_id] = True
         else:
             mask = next_token_mask(grammar, st, trained, from_scratch=from_scratch)
-        logits = logits.float() if memory is None else memory.mix(logits, hidden)
-        masked = logits.masked_fill(~torch.from_numpy(mask).to(device), float("-inf"))
+        masked = decoder.next_log_probs().masked_fill(~torch.from_numpy(mask).to(device), float("-inf"))
         if opens_on_meter(st, from_scratch):
             nxt = int(masked[0].argmax())
         else:
@@ -503,8 +506,4 @@ def stream_bars(model: Performer, tokenizer: REMITokenizer, *, prompt: np.ndarra
             on_token()
         if should_stop is not None and should_stop():
             return
-        if memory is None:
-            logits, state = model.step(state, torch.tensor([nxt], device=device))
-        else:
-            memory.add(hidden[:, None], torch.tensor([[nxt]], device=device))
-            logits, state, hidden = model.step(state, torch.tensor([nxt], device=device), want_hidden=True)
+        decoder.feed(torch.tensor([nxt], device=device))

@@ -30,7 +30,7 @@ def test_step_by_step_mixture_equals_the_scored_one(tiny_checkpoint, shared_data
     opts = CacheOptions(window=window, gap=gap, weight=0.7, at=0.5)
     groups = opts.groups(tok)
     with torch.no_grad():
-        logits, hidden = model._parallel(x[None, :-1], False, want_hidden=True)
+        logits, hidden = model.logits_and_hidden(x[None, :-1])
         scored = mixture_nll(logits[0], hidden[0], x[1:], opts, groups, chunk=64)
         memory = ContinuousCache(opts, tok, 1, model.cfg.d_model, "cpu")
         step_logits, state, h = model.prime(x[None, :1], want_hidden=True)
@@ -59,7 +59,7 @@ def test_the_cache_copies_a_repeated_bar(shared_data):
     lo, hi = tok.range("Pitch")
     last = [i - 1 for i in range(len(x) - len(bar), len(x)) if lo <= int(x[i]) < hi]
     with torch.no_grad():
-        logits, hidden = model._parallel(x[None, :-1], False, want_hidden=True)
+        logits, hidden = model.logits_and_hidden(x[None, :-1])
     alone = torch.softmax(logits[0].float(), -1).gather(1, x[1:, None])[:, 0][last].mean()
     opts = SamplingOptions(repeat=0.9).cache()
     cached = torch.exp(-mixture_nll(logits[0], hidden[0], x[1:], opts, opts.groups(tok)))[last].mean()
@@ -84,10 +84,10 @@ def test_the_cache_memory_is_fixed_by_its_window(tiny_checkpoint):
     model, tok = load_model(tiny_checkpoint)
     memory = ContinuousCache(CacheOptions(window=16, gap=4), tok, 2, model.cfg.d_model, "cpu")
     before = memory.keys.nbytes + memory.tokens.nbytes
-    for _ in range(100):
-        memory.add(torch.randn(2, 3, model.cfg.d_model), torch.zeros(2, 3, dtype=torch.long))
+    for i in range(100):  # each entry's token is its index
+        memory.add(torch.randn(2, 3, model.cfg.d_model), torch.arange(3 * i, 3 * i + 3).repeat(2, 1))
     assert memory.keys.nbytes + memory.tokens.nbytes == before and memory.filled == 300
-    assert int(memory.written.min()) == 300 - 20  # the newest window + gap entries
+    assert int(memory.tokens.min()) == 300 - 20  # the newest window + gap entries
 
 
 def test_chords_in_force():
@@ -109,7 +109,7 @@ def test_with_chords_the_cache_copies_only_under_the_same_chord(shared_data):
     song = _real_song(shared_data, tok, 600)
     opts = SamplingOptions(repeat=0.9).cache()
     with torch.no_grad():
-        logits, hidden = model._parallel(song[None, :-1], False, want_hidden=True)
+        logits, hidden = model.logits_and_hidden(song[None, :-1])
     memory = ContinuousCache(opts, tok, 1, model.cfg.d_model, "cpu")
     memory.add(hidden[:, :-1], song[None, 1:-1], torch.full((1, len(song) - 2), 7))
     last = logits[:, -1]
