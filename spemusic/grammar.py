@@ -54,6 +54,8 @@ class GrammarState:
     used: set = field(default_factory=set)  # (program, pitch) ids already at this Position
     notes_here: int = 0           # notes at this Position so far (doubled ones count)
     notes: int = 0                # notes in the piece so far
+    sounding: int | None = None   # grid steps from this bar's start to where its last-ending note ends
+                                  # (past the bar, or before it when a rest began earlier); None: no note yet
     eos: bool = False
 
 
@@ -81,6 +83,7 @@ class REMIGrammar:
         for i, steps in self.bar_steps.items():
             self.timesig_ok[i] = steps <= self.pos_hi - self.pos_lo
         self.kind_of = tokenizer.kinds
+        self.duration_steps = tokenizer.duration_steps
 
     def allowed(self, st: GrammarState, allow_eos: bool = True, allow_bar: bool = True) -> np.ndarray:
         m = np.zeros(self.V, dtype=bool)
@@ -158,6 +161,8 @@ class REMIGrammar:
         elif kind == BAR:
             st.bars += 1
             st.pos = -1
+            if st.sounding is not None:
+                st.sounding -= st.bar_len  # the bar that ends here
             st.bar_len = self.bar_steps.get(st.timesig, self.default_bar)
             st.last = BAR
         elif kind == TIMESIG:
@@ -192,10 +197,13 @@ class REMIGrammar:
             if st.note[0] == self.drum:
                 st.last_note = (*st.note, -1)
                 st.last = NOTE_END
+                st.sounding = st.pos + 1 if st.sounding is None else max(st.sounding, st.pos + 1)
             else:
                 st.last = VELOCITY
         elif kind == DURATION:
             st.last_note = (*st.note, token)
+            end = st.pos + int(self.duration_steps[token - self.dur_lo])
+            st.sounding = end if st.sounding is None else max(st.sounding, end)
             st.last = NOTE_END
         elif kind == EOS:
             st.eos = True

@@ -549,6 +549,7 @@ def test_threads_option(run_cli, tiny_checkpoint, tmp_path):
     (["--seed", str(2**64)], "2^63"), (["--seed", "-1"], "2^63"), (["--num", "100000"], "between 1 and 256"),
     (["--chord-strength", "-1"], "--chord-strength"), (["--repeat", "1.5"], "--repeat must be between 0"),
     (["--repeat", "-0.1"], "--repeat must be between 0"), (["--onset-top-p", "0"], "--onset-top-p must be in"),
+    (["--hole-penalty", "-1"], "--hole-penalty must be between 0"), (["--hole-penalty", "nan"], "--hole-penalty must"),
 ])
 def test_out_of_range_sampling_options(run_cli, tiny_checkpoint, tmp_path, args, message):
     code, _, err = run_cli("generate", "--model", tiny_checkpoint, "--length", 20, "-o", tmp_path / "x.mid", *args)
@@ -565,8 +566,9 @@ def test_sampling_defaults_follow_the_model():
     assert (groove.top_p, groove.bar_top_p) == (0.95, 0.95)
     assert (mine.top_p, mine.bar_top_p) == (0.9, 0.8)  # what the user gives wins
     # the cache and the onset nucleus where they were measured
-    assert (pop.repeat, pop.onset_top_p) == (0.9, 0.9)
-    assert (groove.repeat, groove.onset_top_p, mine.repeat, mine.onset_top_p) == (0.0, 1.0, 0.0, 1.0)
+    assert (pop.repeat, pop.onset_top_p, pop.hole_penalty) == (0.9, 0.9, 4.0)
+    assert (groove.repeat, groove.onset_top_p, groove.hole_penalty) == (0.0, 1.0, 0.0)
+    assert (mine.repeat, mine.onset_top_p, mine.hole_penalty) == (0.0, 1.0, 0.0)
     assert _sampling_options({"name": "pop-piano"}, 1.0, 0, repeat=0.0).repeat == 0.0
 
 
@@ -609,3 +611,45 @@ def test_training_records_its_vocabulary():
     names = {tok.ids_to_tokens([i])[0] for i in ids}
     assert {f"Pitch_{p}" for p in range(58, 63)} <= names and "Pitch_57" not in names and "Pitch_63" not in names
     assert "Program_0" in names and "Program_1" not in names and "Bar" in names
+
+
+def test_discourage_holes_moves_the_next_onset_closer_and_keeps_its_total():
+    """Onsets that would leave silence are penalised by its length; the onsets' total (against
+    another note at this onset) is kept, and pieces not choosing an onset are untouched."""
+    from spemusic.grammar import NOTE_END, PITCH, GrammarState
+    from spemusic.sampling import discourage_holes
+
+    onsets = torch.arange(10, 10 + 49)  # Position_0 … Position_47, then the bar line
+    after_note = GrammarState(last=NOTE_END, pos=0, bar_len=48, sounding=12)  # sounds for one beat
+    mid_note = GrammarState(last=PITCH, pos=0, bar_len=48, sounding=12)
+    logits = torch.randn(2, 80)
+    out = discourage_holes(logits, [after_note, mid_note], 4.0, onsets, beat=12)
+    assert torch.equal(out[1], logits[1]) and torch.equal(out[0, :10], logits[0, :10])
+    assert torch.allclose(out[0, onsets].logsumexp(-1), logits[0, onsets].logsumexp(-1))
+    shift = out[0, onsets] - logits[0, onsets]
+    assert torch.allclose(shift[:16], shift[0].expand(16))  # up to a quarter beat after the sound ends: free
+    assert torch.allclose(shift[15] - shift[27], torch.tensor(4.0))  # one beat further: 4 nats less
+    assert torch.allclose(shift[15] - shift[-1], torch.tensor(4.0 * 33 / 12))  # the bar line, 33 steps further
+    assert torch.equal(discourage_holes(logits, [after_note, mid_note], 0.0, onsets, beat=12), logits)
+
+
+def test_a_large_hole_penalty_leaves_no_hole(shared_data):
+    """With --hole-penalty at its largest, the default model's pieces never fall silent for more
+    than a quarter beat between notes; without it, the same seeds leave holes."""
+    from spemusic.checkpoint import load_model
+    from spemusic.metrics import note_grid, sounding
+    from spemusic.sampling import SamplingOptions, sample
+
+    model, tok = load_model("pop-piano")
+
+    def longest_hole(penalty: float) -> int:
+        longest = 0
+        for ids in sample(model, tok, num=4, length=400, seed=3, options=SamplingOptions(hole_penalty=penalty)).ids:
+            grid = note_grid(ids, tok)
+            silent = ~sounding(grid)[grid.onset.min():(grid.onset + grid.dur).max()]
+            runs = np.diff(np.flatnonzero(np.diff(np.r_[0, silent.astype(int), 0])))[::2]
+            longest = max(longest, int(runs.max(initial=0)))
+        return longest
+
+    assert longest_hole(100.0) <= 3  # a quarter beat, 12 steps a beat
+    assert longest_hole(0.0) > 3

@@ -11,7 +11,7 @@ import pytest
 import symusic
 
 from spemusic.errors import MidiError
-from spemusic.grammar import REMIGrammar
+from spemusic.grammar import GrammarState, REMIGrammar
 from spemusic.tokenizer import REMITokenizer, TokenError, TokenizerConfig
 
 TOK = REMITokenizer()
@@ -601,3 +601,31 @@ def test_grammar_caps_notes_per_onset(strict):
         assert allowed[prog_lo:prog_hi].any() == (n < 4), n
         assert allowed[TOK.bar_id] and allowed[TOK.range("Position")[0] + 1]  # time can always move on
     assert grammar.is_valid(TOK.tokens_to_ids(head + sum(notes, []) + ["EOS"]))
+
+
+def test_grammar_knows_where_the_sound_ends(shared_data):
+    """GrammarState.sounding (where the last note to end ends, from the bar's start) says at every
+    onset whether a note still sounds, as the piano roll of the same tokens does: on a real song
+    re-barred by its beat annotation (bars of several lengths, pickup, chord changes)."""
+    from spemusic.checkpoint import load_model
+    from spemusic.metrics import note_grid, sounding
+
+    _, tok = load_model("pop-piano")
+    pop = shared_data / "pop909"
+    ids = tok.encode(pop / "003.mid", beats=pop / "beats" / "003.txt", chords=pop / "chords" / "003.txt")
+    grid = note_grid(ids, tok)
+    sound = sounding(grid)
+    grammar, st = REMIGrammar(tok), GrammarState()
+    pos_lo, pos_hi = tok.range("Position")
+    bar, checked = -1, 0
+    for t in map(int, ids):
+        if t == tok.bar_id and st.sounding is not None and bar + 1 < grid.n_bars:  # a bar line ends the bar
+            assert (st.sounding >= st.bar_len) == bool(sound[grid.bar_start[bar + 1] - 1]), bar
+        if t == tok.bar_id:
+            bar += 1
+        if pos_lo <= t < pos_hi and st.sounding is not None:
+            at = grid.bar_start[bar] + t - pos_lo
+            assert (st.sounding >= t - pos_lo) == bool(sound[at - 1]), (bar, t - pos_lo)
+            checked += 1
+        grammar.advance(st, t)
+    assert checked > 500
