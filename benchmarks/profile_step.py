@@ -7,8 +7,8 @@ full step; "not in a part" is the rest (residual adds, autograd bookkeeping, gra
     python benchmarks/profile_step.py [--preset small] [--seq-len 2048] [--batch-size 2] [--reps 3]
 
 Defaults: the configuration pop-piano v2 trains with. The regions training compiles (the sineSPE
-filter's tiles, the short convolution) are compiled here too, and the chunk products run in bf16
-under autocast, as in training.
+filter's tiles, FAVOR+'s features with the chunked attention, the short convolution) are compiled
+here too, and the chunk products run in bf16 under autocast, as in training.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
 from spemusic import ModelConfig, Performer
-from spemusic.attention import chunked_linear_attention, favor_key, favor_query
+from spemusic.attention import favor_attention
 from spemusic.compiled import compiled
 from spemusic.fused import gelu_linear, norm_linear
 from spemusic.model import short_conv
@@ -80,21 +80,13 @@ def parts(model: Performer, B: int, T: int):
 
     om = att.scaled_omega()
 
-    def favor_features():
-        backward(favor_query(leaf(B, H, T, dk, name="q"), om), favor_key(leaf(B, H, T, dk, name="k"), om, dk ** -0.5))
-    out.append(("FAVOR+ features φ(q̂), φ(k̂)", cfg.n_layers, favor_features))
-    qf = favor_query(torch.randn(B, H, T, dk), om).requires_grad_()
-    kf = favor_key(torch.randn(B, H, T, dk) * 0.3, om, dk ** -0.5).requires_grad_()
-
-    def attention():
-        qf.grad = kf.grad = None
+    def attention():  # as in training: one compiled region
         mm_dtype = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else None
         with torch.autocast("cpu", enabled=False):
-            # as in training: the chunk products are recomputed in the backward pass
-            o = torch.utils.checkpoint.checkpoint(chunked_linear_attention, qf, kf, leaf(B, H, T, D, name="v"),
-                                                  cfg.chunk_size, mm_dtype=mm_dtype, use_reentrant=False)
+            o = compiled(favor_attention)(leaf(B, H, T, dk, name="q"), leaf(B, H, T, dk, name="k") * 0.3,
+                                          leaf(B, H, T, D, name="v"), om, dk ** -0.5, cfg.chunk_size, mm_dtype)
         backward(o)
-    out.append((f"chunked linear attention (chunk {cfg.chunk_size})", cfg.n_layers, attention))
+    out.append((f"FAVOR+ φ(q̂), φ(k̂), chunked attention ({cfg.chunk_size})", cfg.n_layers, attention))
 
     if cfg.short_conv:
         def shift():

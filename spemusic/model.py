@@ -208,9 +208,9 @@ class Attention(nn.Module):
                 training = self.training and torch.is_grad_enabled() and not want_state
                 # under autocast the chunk products run in its dtype (the state sums stay fp32)
                 if training and compiled_unavailable() is None:
-                    # φ and the chunk products fused by inductor: 1.5-1.8x faster than eager
-                    # (benchmarks/profile_step.py); what it keeps for the backward pass is small
-                    # (the C×C products of a layer: B·H·T·C values)
+                    # φ and the chunk products fused by inductor (faster than eager's checkpointed
+                    # path: benchmarks/profile_step.py); what it keeps for the backward pass is
+                    # small (a layer's C×C products: B·H·T·C values)
                     res = compiled(favor_attention)(q.float(), k.float(), v, om, self.dk ** -0.5, self.cfg.chunk_size,
                                                     mm_dtype)
                 elif training:
