@@ -209,8 +209,8 @@ class Attention(nn.Module):
                 # under autocast the chunk products run in its dtype (the state sums stay fp32)
                 if training and compiled_unavailable() is None:
                     # φ and the chunk products fused by inductor (faster than eager's checkpointed
-                    # path: benchmarks/profile_step.py); what it keeps for the backward pass is
-                    # small (a layer's C×C products: B·H·T·C values)
+                    # path: benchmarks/profile_step.py); it may keep the C×C products the eager
+                    # path recomputes (B·H·T·C values a layer; not measured against it)
                     res = compiled(favor_attention)(q.float(), k.float(), v, om, self.dk ** -0.5, self.cfg.chunk_size,
                                                     mm_dtype)
                 elif training:
