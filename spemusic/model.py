@@ -209,8 +209,7 @@ class Attention(nn.Module):
                 # under autocast the chunk products run in its dtype (the state sums stay fp32)
                 if training and compiled_unavailable() is None:
                     # φ and the chunk products fused by inductor: faster than eager's checkpointed
-                    # path (benchmarks/profile_step.py), and no more memory (small, 2 × 2,048
-                    # tokens, bf16: a step's peak RSS 1,164-1,180 MiB against 1,199-1,239)
+                    # path (benchmarks/profile_step.py), in no more memory (benchmarks/step_memory.py)
                     res = compiled(favor_attention)(q.float(), k.float(), v, om, self.dk ** -0.5, self.cfg.chunk_size,
                                                     mm_dtype)
                 elif training:
