@@ -103,15 +103,16 @@ CHORD_STRENGTH = 2.0
 # sampling defaults, chosen by benchmarks/music_metrics.py: pure sampling of the notes (a nucleus
 # stacked notes at an onset and left holes), and a nucleus at the bar line, where a meter change
 # sampled from the tail would hold for many bars
-SAMPLING_DEFAULTS = dict(top_p=1.0, bar_top_p=0.8, onset_top_p=1.0, repeat=0.0, hole_penalty=0.0)
+SAMPLING_DEFAULTS = dict(top_p=1.0, bar_top_p=0.8, onset_top_p=1.0, repeat=0.0, hole_penalty=0.0, stacking=1.0)
 MODEL_SAMPLING = {
     # groove's continuations keep closer to their prompt's style with a nucleus of 0.95 (the style
     # similarity of both: benchmarks/music_metrics.py --only groove)
     "groove": dict(top_p=0.95, bar_top_p=0.95),
     # pop-piano's pieces repeat their earlier bars about as much as POP909's songs with the
     # continuous cache (spemusic.cache), and leave fewer holes with the far onsets cut and the
-    # onsets that would leave a hole discouraged
-    "pop-piano": dict(repeat=0.9, onset_top_p=0.9, hole_penalty=4.0),
+    # onsets that would leave a hole discouraged; and stack as many notes per onset with the odds
+    # of a third note and more tempered
+    "pop-piano": dict(repeat=0.9, onset_top_p=0.9, hole_penalty=4.0, stacking=0.8),
 }
 TOP_P_HELP = "Nucleus sampling mass in (0, 1]; 1 turns it off. \\[default: 1; 0.95 for groove]"
 BAR_TOP_P_HELP = ("Nucleus mass at each bar line, where the model picks whether the meter changes and where the "
@@ -127,11 +128,13 @@ REPEAT_HELP = ("How strongly a piece repeats its earlier bars, 0 to 1: the share
 HOLE_PENALTY_HELP = ("Nats taken off the chance of each next onset per beat of silence it would leave (beyond a "
                      "quarter beat, after every note has ended); 0 turns it off. "
                      "\\[default: 4 for pop-piano, else 0]")
+STACKING_HELP = ("Once an onset holds two notes, the odds of one more note there are multiplied by this (below 1: "
+                 "fewer stacked notes); 1 turns it off. \\[default: 0.8 for pop-piano, else 1]")
 
 
 def _sampling_options(info: dict, temperature: float, top_k: int, **asked):
-    """The sampling options asked for (top_p, bar_top_p, onset_top_p, repeat, hole_penalty; None: not given),
-    the model's defaults where none was given."""
+    """The sampling options asked for (SAMPLING_DEFAULTS' keys; None: not given), the model's
+    defaults where none was given."""
     from .sampling import SamplingOptions
 
     defaults = {**SAMPLING_DEFAULTS, **MODEL_SAMPLING.get(info.get("name", ""), {})}
@@ -789,6 +792,7 @@ def generate(
     onset_top_p: float | None = typer.Option(None, "--onset-top-p", help=ONSET_TOP_P_HELP),
     repeat: float | None = typer.Option(None, "--repeat", help=REPEAT_HELP),
     hole_penalty: float | None = typer.Option(None, "--hole-penalty", help=HOLE_PENALTY_HELP),
+    stacking: float | None = typer.Option(None, "--stacking", help=STACKING_HELP),
     top_k: int = typer.Option(0, "--top-k", help="Keep the K most likely tokens; 0 turns it off."),
     seed: int | None = typer.Option(None, help="Random seed: same seed, options and model give the same file. "
                                        "\\[default: a new one, printed]"),
@@ -841,7 +845,7 @@ def generate(
                           device, precision, as_json, False, chords=progression, keep_overlaps=keep_overlaps, png=png,
                           meter=meter, tempo=tempo, threads=threads, chord_strength=chord_strength, audio=audio,
                           bar_top_p=bar_top_p, key=key, repeat=repeat, onset_top_p=onset_top_p,
-                          hole_penalty=hole_penalty)
+                          hole_penalty=hole_penalty, stacking=stacking)
 
 
 @app.command("continue")
@@ -862,6 +866,7 @@ def continue_(
     onset_top_p: float | None = typer.Option(None, "--onset-top-p", help=ONSET_TOP_P_HELP),
     repeat: float | None = typer.Option(None, "--repeat", help=REPEAT_HELP),
     hole_penalty: float | None = typer.Option(None, "--hole-penalty", help=HOLE_PENALTY_HELP),
+    stacking: float | None = typer.Option(None, "--stacking", help=STACKING_HELP),
     top_k: int = typer.Option(0, "--top-k", help="Keep the K most likely tokens; 0 turns it off."),
     seed: int | None = typer.Option(None, help="Random seed: same seed, options and model give the same file. "
                                        "\\[default: a new one, printed]"),
@@ -910,7 +915,7 @@ def continue_(
                           from_bar=from_bar,
                           keep_overlaps=keep_overlaps, png=png, threads=threads, chord_strength=chord_strength,
                           audio=audio, bar_top_p=bar_top_p, repeat=repeat, onset_top_p=onset_top_p,
-                          hole_penalty=hole_penalty)
+                          hole_penalty=hole_penalty, stacking=stacking)
 
 
 def _check_extra_outputs(paths, png: bool, audio: bool, overwrite: bool):
@@ -984,7 +989,7 @@ def _generate_or_continue(model_name, prompt_path, prompt_bars, length, bars, nu
                           output, overwrite, device, precision, as_json, only_continuation, beats=None, chords=None,
                           keep_overlaps=False, png=False, meter=None, tempo=None, threads=None, chord_strength=0.0,
                           audio=False, bar_top_p=None, key=None, from_bar=None, repeat=None, onset_top_p=None,
-                          hole_penalty=None):
+                          hole_penalty=None, stacking=None):
     import torch
 
     from .checkpoint import load_model
@@ -1005,7 +1010,7 @@ def _generate_or_continue(model_name, prompt_path, prompt_bars, length, bars, nu
 
         seed = secrets.randbelow(2**31)
     asked = dict(top_p=top_p, bar_top_p=bar_top_p, onset_top_p=onset_top_p, repeat=repeat,
-                 hole_penalty=hole_penalty)
+                 hole_penalty=hole_penalty, stacking=stacking)
     _sampling_options({}, temperature, top_k, **asked)  # refused before any work when out of range
     pick_device(device, auto=False)
     paths = output_paths(output, num, overwrite)
@@ -1082,6 +1087,7 @@ def play(
     onset_top_p: float | None = typer.Option(None, "--onset-top-p", help=ONSET_TOP_P_HELP),
     repeat: float | None = typer.Option(None, "--repeat", help=REPEAT_HELP),
     hole_penalty: float | None = typer.Option(None, "--hole-penalty", help=HOLE_PENALTY_HELP),
+    stacking: float | None = typer.Option(None, "--stacking", help=STACKING_HELP),
     seed: int | None = typer.Option(None, help="Random seed \\[default: a new one, printed]"),
     port: str | None = typer.Option(None, "--port", help="Send MIDI to this output port (mido with python-rtmidi)."),
     to_stdout: bool = typer.Option(False, "--stdout", help="Write raw audio to stdout: 16-bit stereo at 44.1 kHz, "
@@ -1123,7 +1129,7 @@ def play(
     if (to_stdout or midi_to_stdout) and sys.stdout.isatty():
         raise SpemusicError("stdout is a terminal: pipe it (| aplay -f cd) or redirect it (> live.raw)")
     asked = dict(top_p=top_p, bar_top_p=bar_top_p, onset_top_p=onset_top_p, repeat=repeat,
-                 hole_penalty=hole_penalty)
+                 hole_penalty=hole_penalty, stacking=stacking)
     _sampling_options({}, temperature, 0, **asked)  # refused before any work when out of range
     if record is not None:
         if record.suffix.lower() not in (".mid", ".midi"):

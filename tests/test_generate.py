@@ -550,6 +550,7 @@ def test_threads_option(run_cli, tiny_checkpoint, tmp_path):
     (["--chord-strength", "-1"], "--chord-strength"), (["--repeat", "1.5"], "--repeat must be between 0"),
     (["--repeat", "-0.1"], "--repeat must be between 0"), (["--onset-top-p", "0"], "--onset-top-p must be in"),
     (["--hole-penalty", "-1"], "--hole-penalty must be between 0"), (["--hole-penalty", "nan"], "--hole-penalty must"),
+    (["--stacking", "0"], "--stacking must be in (0, 10]"),
 ])
 def test_out_of_range_sampling_options(run_cli, tiny_checkpoint, tmp_path, args, message):
     code, _, err = run_cli("generate", "--model", tiny_checkpoint, "--length", 20, "-o", tmp_path / "x.mid", *args)
@@ -566,9 +567,9 @@ def test_sampling_defaults_follow_the_model():
     assert (groove.top_p, groove.bar_top_p) == (0.95, 0.95)
     assert (mine.top_p, mine.bar_top_p) == (0.9, 0.8)  # what the user gives wins
     # the cache and the onset nucleus where they were measured
-    assert (pop.repeat, pop.onset_top_p, pop.hole_penalty) == (0.9, 0.9, 4.0)
-    assert (groove.repeat, groove.onset_top_p, groove.hole_penalty) == (0.0, 1.0, 0.0)
-    assert (mine.repeat, mine.onset_top_p, mine.hole_penalty) == (0.0, 1.0, 0.0)
+    assert (pop.repeat, pop.onset_top_p, pop.hole_penalty, pop.stacking) == (0.9, 0.9, 4.0, 0.8)
+    assert (groove.repeat, groove.onset_top_p, groove.hole_penalty, groove.stacking) == (0.0, 1.0, 0.0, 1.0)
+    assert (mine.repeat, mine.onset_top_p, mine.hole_penalty, mine.stacking) == (0.0, 1.0, 0.0, 1.0)
     assert _sampling_options({"name": "pop-piano"}, 1.0, 0, repeat=0.0).repeat == 0.0
 
 
@@ -653,3 +654,25 @@ def test_a_large_hole_penalty_leaves_no_hole(shared_data):
 
     assert longest_hole(100.0) <= 3  # a quarter beat, 12 steps a beat
     assert longest_hole(0.0) > 3
+
+
+def test_temper_stacking_scales_the_odds_of_one_more_note():
+    """Once an onset holds two notes, the odds of one more note (its Program tokens against the
+    rest) are multiplied by the scale; an onset with one note, and a piece mid-note, are untouched."""
+    from spemusic.grammar import NOTE_END, PITCH, GrammarState
+    from spemusic.sampling import temper_stacking
+
+    programs = slice(20, 30)
+    two = GrammarState(last=NOTE_END, notes_here=2)
+    one = GrammarState(last=NOTE_END, notes_here=1)
+    mid = GrammarState(last=PITCH, notes_here=3)
+    logits = torch.randn(3, 60)
+    out = temper_stacking(logits, [two, one, mid], 0.5, programs)
+    assert torch.equal(out[1:], logits[1:])
+
+    def odds(row):
+        p = row.softmax(-1)[programs].sum()
+        return p / (1 - p)
+
+    assert torch.allclose(odds(out[0]), 0.5 * odds(logits[0]))
+    assert torch.equal(temper_stacking(logits, [two, one, mid], 1.0, programs), logits)
