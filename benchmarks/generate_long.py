@@ -2,12 +2,12 @@
 the sampler behind `spemusic generate --length` (spemusic.sampling.sample with the model's
 `generate` defaults, no MIDI written) at 1,000 / 8,000 / 64,000 tokens with the default model
 (each in a fresh process), and tokens/s for --num 1 vs --num 8, side by side in one run. With
-`--repeat 0 --onset-top-p 1 --hole-penalty 0`: the model alone, without the continuous cache
-and the onset steering.
+`--repeat 0 --onset-top-p 1 --hole-penalty 0 --stacking 1`: the model alone, without the
+continuous cache and the onset steering.
 
     python benchmarks/generate_long.py                 # ~3 min on 2 CPU cores
     python benchmarks/generate_long.py --lengths 1000 8000 --model groove
-    python benchmarks/generate_long.py --repeat 0 --onset-top-p 1 --hole-penalty 0   # pop-piano alone
+    python benchmarks/generate_long.py --repeat 0 --onset-top-p 1 --hole-penalty 0 --stacking 1
 """
 
 from __future__ import annotations
@@ -51,6 +51,7 @@ def child(model: str, length: int, num: int, seed: int, asked: dict) -> None:
         "ms_per_step_last": 1e3 * sum(tail) / max(len(tail), 1),
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "rss_after_load_mb": rss_loaded,
         "repeat": options.repeat, "onset_top_p": options.onset_top_p, "hole_penalty": options.hole_penalty,
+        "stacking": options.stacking,
     }))
 
 
@@ -67,17 +68,19 @@ def main() -> None:
     ap.add_argument("--repeat", type=float, default=None, help="default: the model's, as generate has it")
     ap.add_argument("--onset-top-p", type=float, default=None, help="default: the model's, as generate has it")
     ap.add_argument("--hole-penalty", type=float, default=None, help="default: the model's, as generate has it")
+    ap.add_argument("--stacking", type=float, default=None, help="default: the model's, as generate has it")
     ap.add_argument("--child", nargs=5, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         m, length, num, seed, asked = args.child
         child(m, int(length), int(num), int(seed), json.loads(asked))
         return
-    asked = {"repeat": args.repeat, "onset_top_p": args.onset_top_p, "hole_penalty": args.hole_penalty}
+    asked = {"repeat": args.repeat, "onset_top_p": args.onset_top_p, "hole_penalty": args.hole_penalty,
+             "stacking": args.stacking}
     rows = [run(args.model, n, 1, asked) for n in args.lengths]
     print(f"model {args.model}, batch 1, fresh process per run, repeat {rows[0]['repeat']} "
           f"(the continuous cache's share; 0: off), onset top-p {rows[0]['onset_top_p']}, "
-          f"hole penalty {rows[0]['hole_penalty']}")
+          f"hole penalty {rows[0]['hole_penalty']}, stacking {rows[0]['stacking']}")
     base = rows[0]
     print(f"{'length':>8}{'wall s':>9}{'tok/s':>8}{'ms/tok first':>14}{'ms/tok last':>13}{'vs 1st run':>12}"
           f"{'peak MB':>9}{'vs 1st run':>12}")
