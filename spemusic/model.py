@@ -212,15 +212,15 @@ class Attention(nn.Module):
                     # path (benchmarks/profile_step.py), in no more memory (benchmarks/step_memory.py)
                     res = compiled(favor_attention)(q.float(), k.float(), v, om, self.dk ** -0.5, self.cfg.chunk_size,
                                                     mm_dtype)
-                elif training:
-                    # eager: keep only φ(q̂), φ(k̂), v for the backward pass (autograd holds them
-                    # anyway): the C×C chunk products and chunk states are recomputed
-                    qf, kf = favor_query(q.float(), om), favor_key(k.float(), om, self.dk ** -0.5)
-                    res = torch.utils.checkpoint.checkpoint(chunked_linear_attention, qf, kf, v, self.cfg.chunk_size,
-                                                            mm_dtype=mm_dtype, use_reentrant=False)
                 else:
                     qf, kf = favor_query(q.float(), om), favor_key(k.float(), om, self.dk ** -0.5)
-                    res = chunked_linear_attention(qf, kf, v, self.cfg.chunk_size, state=state, return_state=want_state)
+                    if training:  # keep only φ(q̂), φ(k̂), v for the backward pass: the chunk products are recomputed
+                        res = torch.utils.checkpoint.checkpoint(chunked_linear_attention, qf, kf, v,
+                                                                self.cfg.chunk_size, mm_dtype=mm_dtype,
+                                                                use_reentrant=False)
+                    else:
+                        res = chunked_linear_attention(qf, kf, v, self.cfg.chunk_size, state=state,
+                                                       return_state=want_state)
             if want_state:
                 o, st = res
             else:

@@ -29,8 +29,8 @@ class SamplingOptions:
     bar_top_p: float = 1.0  # the nucleus right after each Bar token (meter change, first onset); 1.0: off
     onset_top_p: float = 1.0  # right after each note, the nucleus among the Positions and the bar line,
                               # their total kept (trim_far_onsets: far onsets leave holes); 1.0: off
-    hole_penalty: float = 0.0  # nats off an onset per beat of silence it would leave beyond half a beat
-                               # (discourage_holes); 0: off
+    hole_penalty: float = 0.0  # nats off an onset per beat of silence it would leave beyond a quarter
+                               # beat (discourage_holes); 0: off
     stacking: float = 1.0   # once an onset holds two notes, the odds of one more there are multiplied by this
                             # (temper_stacking); 1: off
     repeat: float = 0.0     # the continuous cache's largest share (spemusic.cache): the piece copies its
@@ -282,12 +282,12 @@ class _Steering:
             logits += self.tones[(bars_started - 1) % len(self.forced)]
 
 
-def trim_far_onsets(logits: torch.Tensor, rows: torch.Tensor, p: float, onsets: torch.Tensor) -> torch.Tensor:
-    """Right after a note (`rows`, B bools), the nucleus `p` among the tokens that place the next
-    onset (`onsets`: the Position tokens and the bar line), their total probability kept: whether
-    another note comes at this onset stays the model's choice; only the far onsets of the tail,
-    each unlikely but many together, are cut (they left holes of a beat or more:
-    benchmarks/silence_sources.py)."""
+def trim_far_onsets(logits: torch.Tensor, states: list[GrammarState], p: float, onsets: torch.Tensor) -> torch.Tensor:
+    """Right after a note, the nucleus `p` among the tokens that place the next onset (`onsets`:
+    the Position tokens and the bar line), their total probability kept: whether another note
+    comes at this onset stays the model's choice; only the far onsets of the tail, each unlikely
+    but many together, are cut (they left holes of a beat or more: benchmarks/silence_sources.py)."""
+    rows = torch.tensor([st.last == NOTE_END for st in states], device=logits.device)
     if p >= 1.0 or not bool(rows.any()):
         return logits
     sub = logits[:, onsets]
@@ -295,14 +295,12 @@ def trim_far_onsets(logits: torch.Tensor, rows: torch.Tensor, p: float, onsets: 
     kept_mass = torch.softmax(sub, dim=-1).masked_fill(drop, 0.0).sum(-1, keepdim=True)
     trimmed = (sub - torch.log(kept_mass)).masked_fill(drop, float("-inf"))
     out = logits.clone()
-    out[:, onsets] = torch.where(rows.to(logits.device)[:, None] & torch.isfinite(sub).any(-1, keepdim=True),
-                                 trimmed, sub)
+    out[:, onsets] = torch.where(rows[:, None] & torch.isfinite(sub).any(-1, keepdim=True), trimmed, sub)
     return out
 
 
-# the silence an onset may leave unpenalised, in beats: POP909's songs rest that briefly between
-# notes for half their silent time (the rest are longer holes, 1.2% of the time; the pieces of
-# pop-piano v9 left 4.9%: benchmarks/silence_sources.py)
+# the silence an onset may leave unpenalised, in beats: the 34 POP909 valid songs rest that briefly
+# between notes for half their silent time (1.2% of the time; longer holes another 1.2%)
 HOLE_TOLERANCE = 0.25
 
 
@@ -344,10 +342,29 @@ def temper_stacking(logits: torch.Tensor, states: list[GrammarState], scale: flo
     return out
 
 
-def onset_tokens(tokenizer: REMITokenizer, device) -> torch.Tensor:
-    """The tokens that place the next onset after a note: every Position, and the bar line."""
-    lo, hi = tokenizer.range("Position")
-    return torch.tensor([*range(lo, hi), tokenizer.bar_id], device=device)
+@dataclass
+class OnsetTokens:
+    """The token ids the onset corrections act on: `onsets`, every Position then the bar line (the
+    places the next onset may take after a note), and `programs` (the start of one more note)."""
+    onsets: torch.Tensor
+    programs: slice
+    beat: int  # grid steps per beat
+
+    @classmethod
+    def of(cls, tokenizer: REMITokenizer, device) -> OnsetTokens:
+        lo, hi = tokenizer.range("Position")
+        return cls(torch.tensor([*range(lo, hi), tokenizer.bar_id], device=device),
+                   slice(*tokenizer.range("Program")), tokenizer.config.beat_resolution)
+
+
+def steer_onsets(logits: torch.Tensor, states: list[GrammarState], options: SamplingOptions,
+                 tokens: OnsetTokens) -> torch.Tensor:
+    """The sampler's corrections where a piece decides between one more note at this onset and
+    where the next one falls (each a no-op at its neutral value): `hole_penalty`, `stacking`,
+    `onset_top_p`. `states`: each piece's grammar state (a finished piece: a fresh one)."""
+    logits = discourage_holes(logits, states, options.hole_penalty, tokens.onsets, tokens.beat)
+    logits = temper_stacking(logits, states, options.stacking, tokens.programs)
+    return trim_far_onsets(logits, states, options.onset_top_p, tokens.onsets)
 
 
 class _Decoder:
@@ -421,8 +438,7 @@ def sample(model: Performer, tokenizer: REMITokenizer, *, num: int = 1, length: 
     model.resample(seed)
     device = next(model.parameters()).device
     steer = _Steering.of(tokenizer, grammar, model.trained_tokens, chords, chord_strength, meter, tempo, bars, device)
-    onsets = onset_tokens(tokenizer, device)
-    programs = slice(*tokenizer.range("Program"))
+    onset_ids = OnsetTokens.of(tokenizer, device)
     gen = torch.Generator(device="cpu").manual_seed(seed)
 
     if prompt is None:
@@ -472,11 +488,8 @@ def sample(model: Performer, tokenizer: REMITokenizer, *, num: int = 1, length: 
                     steer.favour_chord_tones(logits[b], states[b], bars_started[b])
             masked = logits.masked_fill(~torch.from_numpy(masks).to(device), float("-inf"))
             at_bar = torch.tensor([not done[b] and states[b].last == BAR for b in range(num)])
-            after_note = torch.tensor([not done[b] and states[b].last == NOTE_END for b in range(num)])
-            live = [st if not done[b] else GrammarState() for b, st in enumerate(states)]
-            masked = discourage_holes(masked, live, options.hole_penalty, onsets, tokenizer.config.beat_resolution)
-            masked = temper_stacking(masked, live, options.stacking, programs)
-            masked = trim_far_onsets(masked, after_note, options.onset_top_p, onsets)
+            masked = steer_onsets(masked, [GrammarState() if done[b] else st for b, st in enumerate(states)], options,
+                                  onset_ids)
             probs = torch.softmax(filter_logits(masked, options, at_bar), dim=-1).cpu()
             nxt = torch.multinomial(probs, 1, generator=gen).squeeze(1)
             for b in range(num):
@@ -537,8 +550,7 @@ def stream_bars(model: Performer, tokenizer: REMITokenizer, *, prompt: np.ndarra
     for t in prompt:
         grammar.advance(st, int(t))
     from_scratch = len(prompt) == 1
-    onsets = onset_tokens(tokenizer, device)
-    programs = slice(*tokenizer.range("Program"))
+    onset_ids = OnsetTokens.of(tokenizer, device)
     decoder = _Decoder(model, tokenizer, torch.from_numpy(prompt[None]).to(device), options,
                        weights_dtype or auto_step_dtype(device, 1))
     bar: list[int] = []
@@ -552,9 +564,7 @@ def stream_bars(model: Performer, tokenizer: REMITokenizer, *, prompt: np.ndarra
         if opens_on_meter(st, from_scratch):
             nxt = int(masked[0].argmax())
         else:
-            masked = discourage_holes(masked, [st], options.hole_penalty, onsets, tokenizer.config.beat_resolution)
-            masked = temper_stacking(masked, [st], options.stacking, programs)
-            masked = trim_far_onsets(masked, torch.tensor([st.last == NOTE_END]), options.onset_top_p, onsets)
+            masked = steer_onsets(masked, [st], options, onset_ids)
             probs = torch.softmax(filter_logits(masked, options, torch.tensor([st.last == BAR])), dim=-1).cpu()
             nxt = int(torch.multinomial(probs, 1, generator=gen)[0, 0])
         if nxt == tokenizer.bar_id and bar:
