@@ -18,6 +18,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from . import __version__
+from ._start import import_native_libraries
 from .errors import OptionError, SpemusicError
 from .options import ATTENTION_OPTIONS, PE_OPTIONS, PRESETS, STEP_PRECISIONS, TRAIN_PRECISIONS
 
@@ -241,6 +242,7 @@ def tokenize(
 
     spemusic tokenize ../shared/data/pop909/001.mid --beats ../shared/data/pop909/beats/001.txt -o 001.txt
     """
+    import_native_libraries(with_torch=False)
     from .data import BEAT_SUFFIXES, CHORD_SUFFIXES, find_annotation
     from .files import check_input_file, write_output
     from .tokenizer import REMITokenizer, TokenizerConfig
@@ -294,6 +296,7 @@ def show(
 
     spemusic show sketches/ -o rolls/
     """
+    import_native_libraries(with_torch=False)
     from .pianoroll import FORMATS, draw_file, parse_bar_range, parse_size
 
     bar_range = parse_bar_range(bars) if bars is not None else None
@@ -330,6 +333,7 @@ def render_(
 
     spemusic render sketches/ -o audio/ --format mp3
     """
+    import_native_libraries(with_torch=False)
     from .audio import AUDIO_FORMATS, find_soundfont, render_file
 
     suffix = "." + fmt.lower().lstrip(".")
@@ -360,6 +364,7 @@ def detokenize(
 
     spemusic detokenize my_tokens/ -o my_midis_again/
     """
+    import_native_libraries(with_torch=False)
     from .files import write_output
     from .grammar import REMIGrammar
     from .tokenizer import REMITokenizer, TokenizerConfig
@@ -414,6 +419,7 @@ def data_prepare(
 
     spemusic data prepare ../shared/data/pop909 -o cache/pop909-v2 --beats ../shared/data/pop909/beats --chords ../shared/data/pop909/chords
     """  # noqa: E501 - typer prints the lines of a command's docstring as they are: one example a line
+    import_native_libraries(with_torch=False)
     from .data import prepare
 
     with _progress(TextColumn("[bold]tokenizing"), BarColumn(), MofNCompleteColumn(), TextColumn("files"),
@@ -543,6 +549,7 @@ def train(
 
     torchrun --nproc_per_node 4 -m spemusic train my_midis/ -o runs/big --preset paper --steps 100000
     """
+    import_native_libraries()
     from .train import TrainConfig
 
     _set_threads(threads)
@@ -830,6 +837,7 @@ def generate(
 
     spemusic generate --bars 16 --chords "C G Am F" -o pop.mid
     """
+    import_native_libraries()
     from .chords import parse_chords
     from .sampling import check_length_bars
 
@@ -904,6 +912,7 @@ def continue_(
 
     spemusic continue ../shared/data/pop909/001.mid --beats ../shared/data/pop909/beats/001.txt --prompt-bars 8 --bars 8
     """
+    import_native_libraries()
     from .chords import parse_chords
     from .sampling import check_length_bars
 
@@ -1113,6 +1122,7 @@ def play(
 
     spemusic play --prompt song.mid --seed 7 --stdout > live.raw
     """
+    import_native_libraries()
     from .audio import find_soundfont
     from .checkpoint import load_model
     from .files import check_output_file, write_output
@@ -1207,6 +1217,7 @@ def models():
 
     spemusic models
     """
+    import_native_libraries()
     from .checkpoint import available_models, read_metadata, validated_configs
 
     _check_model_names()
@@ -1260,6 +1271,7 @@ def eval_(
 
     spemusic eval --metrics generated/ --reference ../shared/data/pop909
     """
+    import_native_libraries()
     from .files import check_output_file
 
     if json_path is not None:
@@ -1386,6 +1398,13 @@ def _exit_interrupted() -> None:
     os._exit(130)
 
 
+def _exit(code: int) -> None:
+    """Exit with `code`, its message (if any) printed: Ctrl-C is ignored from here, or one landing
+    in the interpreter's teardown (long with torch loaded) would make the exit status the signal's."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    sys.exit(code)
+
+
 def main() -> None:
     """Entry point: user errors become one line on stderr and a non-zero exit, never a traceback."""
     # a closed stdout (e.g. `| head`) must not print a traceback either
@@ -1398,28 +1417,28 @@ def main() -> None:
             err.print("interrupted")
         if code in (130, INTERRUPTED_AND_SAID):  # (INTERRUPTED_AND_SAID: the command said what it kept)
             _exit_interrupted()
-        sys.exit(code if isinstance(code, int) else 0)
+        _exit(code if isinstance(code, int) else 0)
     except usage_error as e:
         if type(e).__name__ == "NoArgsIsHelpError":  # `spemusic` or `spemusic data` alone: the help
             text = e.ctx.get_help()  # typer's rich help prints itself and returns ""
             if text:
                 print(text)
-            sys.exit(0)
+            _exit(0)
         command = e.ctx.command_path if e.ctx else "spemusic"
         err.print(f"[bold red]error:[/] {escape(e.format_message())} (see {escape(command)} --help)", highlight=False)
-        sys.exit(e.exit_code)
+        _exit(e.exit_code)
     except typer.Abort:
         err.print("interrupted")
         _exit_interrupted()
     except SpemusicError as e:
         err.print(f"[bold red]error:[/] {escape(_message(e))}", highlight=False)
-        sys.exit(1)
+        _exit(1)
     except KeyboardInterrupt:
         err.print("interrupted")
         _exit_interrupted()
     except OSError as e:
         err.print(f"[bold red]error:[/] {escape(str(e.filename or ''))}: {escape(str(e.strerror or e))}", highlight=False)
-        sys.exit(1)
+        _exit(1)
 
 
 if __name__ == "__main__":

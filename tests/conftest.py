@@ -75,6 +75,17 @@ def midi_factory(tmp_path):
 
 # ----------------------------------------------------------------------------- CLI and models
 
+@pytest.fixture(autouse=True)
+def _keep_sigint_handler():
+    """spemusic's main ignores Ctrl-C once it exits: tests that run it in this process leave the
+    handler as they found it."""
+    import signal
+
+    handler = signal.getsignal(signal.SIGINT)
+    yield
+    signal.signal(signal.SIGINT, handler)
+
+
 @pytest.fixture
 def run_cli(capsys, monkeypatch):
     """Run `spemusic ARGS...` in this process: returns (exit code, stdout, stderr)."""

@@ -342,7 +342,7 @@ def test_help_shows_no_value_placeholder_for_flags(run_cli):
         assert "<bool>" not in out, command
 
 
-@pytest.mark.parametrize("when", ["torch-import", 0.3, 0.8])
+@pytest.mark.parametrize("when", ["torch-import", 0.3, 0.8, 1.2, 1.6])
 def test_ctrl_c_while_starting_is_one_line_and_130(when):
     """Ctrl-C while torch loads, or soon after. (Before the interpreter runs any of spemusic's code,
     Python's own KeyboardInterrupt is all there is: the test waits until torch is loading.)"""
