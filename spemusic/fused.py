@@ -6,8 +6,7 @@ the same values and gradients (tests/test_model.py compares each with its plain 
 
     norm_linear(x, norm, W, b)    = F.linear(norm(x), W, b)
     gelu_linear(u, linear)        = linear(F.gelu(u))
-    CosSin.apply(x)               = torch.stack((cos x, sin x), -2)
-    sine_filter(x, trig, s, e, zz) = the sineSPE filter (SineFilter: its formula)
+    sine_filter(x, trig, …)       = the sineSPE filter (SineFilter: its formula)
 
 Outside training (no gradient) the plain expressions run.
 """
@@ -19,7 +18,7 @@ from torch import nn
 
 from spemusic.compiled import compiled
 
-__all__ = ["CosSin", "GeluLinear", "NormLinear", "SineFilter", "gelu_linear", "norm_linear", "sine_filter"]
+__all__ = ["GeluLinear", "NormLinear", "SineFilter", "gelu_linear", "norm_linear", "sine_filter"]
 
 
 class NormLinear(torch.autograd.Function):
@@ -85,28 +84,19 @@ def gelu_linear(u: torch.Tensor, linear: nn.Linear) -> torch.Tensor:
 SINE_TILE_ROWS = 1024  # (batch × positions) rows per tile of the sineSPE filter
 
 
-class CosSin(torch.autograd.Function):
-    """[cos x, sin x] stacked on a new second-to-last axis, keeping only that output for the
-    backward pass (d/dx [cos, sin] = [-sin, cos]): the phases need not be held as well."""
-
-    @staticmethod
-    def forward(ctx, x):
-        out = torch.stack((torch.cos(x), torch.sin(x)), -2)
-        ctx.save_for_backward(out)
-        return out
-
-    @staticmethod
-    def backward(ctx, grad):
-        (out,) = ctx.saved_tensors
-        return out[..., 0, :] * grad[..., 1, :] - out[..., 1, :] * grad[..., 0, :]
-
-
 class SineFilter(torch.autograd.Function):
     """x̂[b, t, h] = Σ_{d, j} x[b, t, h, d] · trig[t, h, d, j] · scale[h, d, j] · zz[h, (j, d)]
-    (+ Σ_d x[b, t, h, d] · extra[h, d] · zz[h, (J, d)] when gated: the ε rows).
+    (+ Σ_d x[b, t, h, d] · extra[h, d] · zz[h, (J, d)] when gated: the ε rows), where
+    trig[t, h, d, 2k:2k+2] = [cos, sin](ω[h, d, k] · pos[t] + θ[h, d, k]).
 
     Written out by hand so that autograd keeps only x (the projection's output, held anyway), the
     trig features (shared by every layer) and the small scales, not a gated copy of x per layer.
+    trig comes computed (from float64 phases: SineSPE.features) and its gradient is not formed:
+    the backward pass returns ∂L/∂ω = Σ_t pos[t] ∂L/∂φ[t] and ∂L/∂θ = Σ_t ∂L/∂φ[t] (φ the phase),
+    summed tile by tile, instead of a (T, H, D, J) gradient per layer and call for autograd to add
+    up and carry back through cos and sin. ω and θ are only that: where the gradients go (θ is
+    None for keys, whose phases have no offset).
+
     The (H, B, t, J, D) products are formed a tile of positions at a time, forward and backward
     (in one piece they are too large for the caches), head-major with D innermost so that the
     elementwise products run along contiguous rows and feed one batched product per tile. The
@@ -118,8 +108,8 @@ class SineFilter(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, x, trig, scale, extra, zz, mm_dtype):
-        ctx.save_for_backward(x, trig, scale, extra, zz)
+    def forward(ctx, x, trig, scale, extra, zz, omega, theta, pos, mm_dtype):
+        ctx.save_for_backward(x, trig, scale, extra, zz, pos)
         ctx.mm_dtype = mm_dtype
         B, T, H, _ = x.shape
         zz = zz.to(mm_dtype)
@@ -134,26 +124,29 @@ class SineFilter(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        x, trig, scale, extra, zz = ctx.saved_tensors
+        x, trig, scale, extra, zz, pos = ctx.saved_tensors
         B, T, H, D = x.shape
         zzt = zz.to(ctx.mm_dtype).transpose(1, 2)
-        want_trig = ctx.needs_input_grad[1]
+        want_phase = ctx.needs_input_grad[5] or ctx.needs_input_grad[6]
         grad_x = torch.empty_like(x)
-        grad_trig = torch.empty_like(trig) if want_trig else None
         grad_scale = torch.zeros_like(scale)
         grad_extra = torch.zeros_like(extra) if extra is not None else None
+        grad_omega = grad_theta = scale.new_zeros(H, D, scale.shape[-1] // 2) if want_phase else None
         for t0, t1 in _tiles(B, T):
             t = t1 - t0
             g = grad[:, t0:t1].permute(2, 0, 1, 3).to(ctx.mm_dtype).reshape(H, B * t, -1)
             gp = torch.bmm(g, zzt).view(H, B, t, -1, D)  # ∂L/∂(GEMM input), in mm_dtype
-            gx, gt, gs, ge = compiled(_tile_grads)(gp, _tile_x(x, t0, t1), trig[t0:t1], scale, extra, want_trig)
+            gx, gs, ge, go, gt = compiled(_tile_grads)(gp, _tile_x(x, t0, t1), trig[t0:t1], scale, extra,
+                                                      pos[t0:t1], want_phase)
             grad_x[:, t0:t1] = gx
             grad_scale += gs
-            if want_trig:
-                grad_trig[t0:t1] = gt
             if extra is not None:
                 grad_extra += ge
-        return grad_x, grad_trig, grad_scale, grad_extra, None, None
+            if want_phase:
+                grad_omega, grad_theta = grad_omega + go, grad_theta + gt
+        if not ctx.needs_input_grad[6]:
+            grad_theta = None
+        return grad_x, None, grad_scale, grad_extra, None, grad_omega, grad_theta, None, None
 
 
 def _tile_x(x, t0, t1):
@@ -174,21 +167,27 @@ def _tile_product(x, trig, scale, extra, dtype):
     return x.to(dtype) * _tile_features(trig, scale, extra).to(dtype)[:, None]
 
 
-def _tile_grads(gp, x, trig, scale, extra, want_trig: bool):
+def _tile_grads(gp, x, trig, scale, extra, pos, want_phase: bool):
     """One tile's gradients from gp = ∂L/∂(x·features) (H, B, t, J', D), summed in fp32:
-    ∂L/∂x (B, t, H, D) in x's dtype, ∂L/∂trig (t, H, D, J) (None unless want_trig), and this
-    tile's shares of ∂L/∂scale (H, D, J) and ∂L/∂extra (H, D, 1) (None without extra)."""
+    ∂L/∂x (B, t, H, D) in x's dtype, and this tile's shares of ∂L/∂scale (H, D, J),
+    ∂L/∂extra (H, D, 1) (None without extra), ∂L/∂ω and ∂L/∂θ (H, D, J/2) (None unless
+    want_phase), the phases at positions pos (t,)."""
     J = trig.shape[-1]
     f = _tile_features(trig, scale, extra)
     gx = (gp.float() * f[:, None]).sum(3).to(x.dtype).permute(1, 2, 0, 3)
     gf = (gp.float() * x.float()).sum(1)  # (H, t, J', D)
     gs = gf[:, :, :J]
-    # ∂L/∂trig laid out as trig is ((t, H, J, D) in memory, seen as (t, H, D, J)), so that storing
-    # it is a plain copy, not a transposing one
-    g_trig = (gs * scale.transpose(1, 2)[:, None]).permute(1, 0, 2, 3).contiguous().transpose(2, 3) if want_trig else None
-    g_scale = (gs * trig.permute(1, 0, 3, 2)).sum(1).transpose(1, 2)
+    trig_h = trig.permute(1, 0, 3, 2)  # (H, t, J, D)
+    g_scale = (gs * trig_h).sum(1).transpose(1, 2)
     g_extra = gf[:, :, J:].sum(1).transpose(1, 2) if extra is not None else None
-    return gx, g_trig, g_scale, g_extra
+    if not want_phase:
+        return gx, g_scale, g_extra, None, None
+    # ∂L/∂φ = ∂L/∂cos · (-sin φ) + ∂L/∂sin · cos φ, features ordered [cos, sin] per sine
+    g_trig = (gs * scale.transpose(1, 2)[:, None]).unflatten(2, (-1, 2))  # (H, t, K, 2, D)
+    cs = trig_h.unflatten(2, (-1, 2))
+    g_phase = g_trig[:, :, :, 1] * cs[:, :, :, 0] - g_trig[:, :, :, 0] * cs[:, :, :, 1]  # (H, t, K, D)
+    g_omega = (g_phase * pos[None, :, None, None]).sum(1).transpose(1, 2)
+    return gx, g_scale, g_extra, g_omega, g_phase.sum(1).transpose(1, 2)
 
 
 def _tiles(B: int, T: int):
@@ -196,10 +195,10 @@ def _tiles(B: int, T: int):
     return [(t0, min(T, t0 + step)) for t0 in range(0, T, step)]
 
 
-def sine_filter(x, trig, scale, extra, zz) -> torch.Tensor:
-    """x (B, T, H, D), trig (T, H, D, J), scale (H, D, J), extra (H, D, 1) or None, zz (H, J[+1]·D, R)
-    -> (B, T, H, R); see SineFilter."""
+def sine_filter(x, trig, scale, extra, zz, omega, theta, pos) -> torch.Tensor:
+    """x (B, T, H, D), trig (T, H, D, J), scale (H, D, J), extra (H, D, 1) or None, zz (H, J[+1]·D, R),
+    omega and theta (H, D, J/2) (theta None: no offset), pos (T,) -> (B, T, H, R); see SineFilter."""
     dev = x.device.type
     mm_dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else torch.float32
     with torch.autocast(dev, enabled=False):
-        return SineFilter.apply(x, trig, scale, extra, zz, mm_dtype)
+        return SineFilter.apply(x, trig, scale, extra, zz, omega, theta, pos, mm_dtype)

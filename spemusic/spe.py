@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from spemusic.fused import CosSin, sine_filter
+from spemusic.fused import sine_filter
 
 __all__ = ["SPE", "SineSPE", "ConvSPE", "SPECodes", "SPEFilter", "SineCode", "ConvCode", "mix_seed"]
 
@@ -168,16 +168,19 @@ class SineSPE(SPE):
         whatever the call layout (block or one at a time)."""
         return torch.remainder(ph, 2 * math.pi).float()
 
+    @torch.no_grad()
     def features(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Trig features at integer positions (T,) -> two (T, H, D, 2K) fp32 (queries, keys; last
         axis [cos, sin] per sine). The gains λ are not applied here: the filter applies them with
-        its gate (``feature_gains()``), so one unweighted tensor serves every layer."""
+        its gate (``feature_gains()``), so one unweighted tensor serves every layer. Values only:
+        the filter returns the gradients of the frequencies and phases itself (SineFilter)."""
         f = self.frequencies().double().transpose(1, 2)  # (H, K, D): D innermost, for the filter
         pos = positions.to(device=f.device, dtype=torch.float64)[:, None, None, None]
         base = 2 * math.pi * f * pos  # (T, H, K, D) float64
         phq, phk = self._reduce(base + self.phases.double().transpose(1, 2)), self._reduce(base)
         # (T, H, K, 2, D) -> views (T, H, D, 2K)
-        return tuple(CosSin.apply(ph).flatten(2, 3).transpose(2, 3) for ph in (phq, phk))
+        return tuple(torch.stack((torch.cos(ph), torch.sin(ph)), -2).flatten(2, 3).transpose(2, 3)
+                     for ph in (phq, phk))
 
     def feature_gains(self) -> torch.Tensor:
         """λ per feature, (H, D, 2K) (each sine's gain for its cos and its sin)."""
@@ -206,9 +209,12 @@ class SineSPE(SPE):
         return qk.view(H, D, 2, -1).permute(2, 0, 1, 3)
 
     def context(self, code: SineCode, start: int, T: int, device=None) -> SineContext:
-        fq, fk = self.features(torch.arange(start, start + T, dtype=torch.float64))
+        positions = torch.arange(start, start + T, dtype=torch.float64)
+        fq, fk = self.features(positions)
         z_rows = torch.cat((code.z, code.eps[:, :, None]), 2).transpose(1, 2).reshape(self.n_heads, -1, self.R)
-        return SineContext(a_q=fq, a_k=fk, z=code.z, eps=code.eps, gains=self.feature_gains(), z_rows=z_rows)
+        return SineContext(a_q=fq, a_k=fk, z=code.z, eps=code.eps, gains=self.feature_gains(), z_rows=z_rows,
+                           omega=2 * math.pi * self.frequencies(), theta=self.phases,
+                           positions=positions.to(device=fq.device, dtype=torch.float32))
 
 
 @dataclass
@@ -230,7 +236,9 @@ class SineStepTables:
 class SineContext:
     """A sineSPE code at T positions, as the filter uses it: trig features a_q, a_k (T, H, D, 2K),
     gains λ (H, D, 2K), Z (H, D, 2K, R), ε (H, D, R), and z_rows = [Z; ε] in the filter's layout
-    (H, (2K+1)·D, R), rows ordered (j, d): without a gate the filter uses the first 2K·D rows."""
+    (H, (2K+1)·D, R), rows ordered (j, d): without a gate the filter uses the first 2K·D rows.
+    The features' angular frequencies ω = 2πf and phases θ (H, D, K) and the positions (T,) are
+    what the filter returns the features' gradients through."""
 
     a_q: torch.Tensor
     a_k: torch.Tensor
@@ -238,6 +246,9 @@ class SineContext:
     eps: torch.Tensor
     gains: torch.Tensor
     z_rows: torch.Tensor
+    omega: torch.Tensor
+    theta: torch.Tensor
+    positions: torch.Tensor
 
     def filter(self, q: torch.Tensor, k: torch.Tensor, g: torch.Tensor | None):
         """q, k (B, T, H, D), gate values g (H, D) or None -> q̂, k̂ (B, T, H, R) (see SPEFilter)."""
@@ -246,7 +257,8 @@ class SineContext:
         scale, extra, zz = self.gains, None, self.z_rows[:, : J * D]  # Z's rows, before ε's
         if g is not None:
             scale, extra, zz = scale * torch.sqrt(1 - g)[..., None], torch.sqrt(g)[..., None], self.z_rows
-        return sine_filter(q, self.a_q, scale, extra, zz), sine_filter(k, self.a_k, scale, extra, zz)
+        return (sine_filter(q, self.a_q, scale, extra, zz, self.omega, self.theta, self.positions),
+                sine_filter(k, self.a_k, scale, extra, zz, self.omega, None, self.positions))
 
     def codes(self) -> tuple[torch.Tensor, torch.Tensor]:
         qbar = torch.einsum("thdj,hdjr->thdr", self.a_q * self.gains, self.z)
