@@ -406,6 +406,70 @@ def chords_in_force(ids: torch.Tensor, tokenizer: REMITokenizer) -> torch.Tensor
     return torch.where(last >= 0, ids.gather(1, last.clamp_min(0)), torch.full_like(ids, -1))
 
 
+def _check_absolute_pe_reach(model: Performer, prompt_len: int, length: int | None) -> None:
+    """A model with an absolute positional encoding cannot go past the length it has positions for."""
+    total = prompt_len + (length if length is not None else 10**9)
+    if model.cfg.has_absolute_pe and length is not None and total > model.cfg.max_len:
+        need = ("the prompt's {prompt} tokens and {length} {n} need {total}" if prompt_len > 1
+                else "{length} {n} needs {total} with the start token")
+        raise OptionError("this model uses an absolute positional encoding limited to {limit} tokens; " + need,
+                          limit=model.cfg.max_len, prompt=prompt_len, n=length, total=total)
+
+
+class _Pieces:
+    """The pieces `sample` writes at once: each one's tokens, grammar state, bars begun and
+    whether it is done (a done piece is fed PAD while the others go on)."""
+
+    def __init__(self, num: int, prompt: np.ndarray, grammar: REMIGrammar, steer: _Steering, bars: int | None,
+                 max_new: int):
+        self.grammar, self.steer, self.bars, self.max_new = grammar, steer, bars, max_new
+        self.keep = len(prompt)
+        self.from_scratch = len(prompt) == 1
+        self.states = [GrammarState() for _ in range(num)]
+        for st in self.states:
+            for t in prompt:
+                grammar.advance(st, int(t))
+        self.seqs = [list(map(int, prompt)) for _ in range(num)]
+        self.bars_started = [0] * num
+        self.done = [False] * num
+        self.force_bar = len(prompt) > 1  # continuing a prompt starts a new bar: the prompt stays as written
+
+    def going(self) -> list[int]:
+        return [b for b, d in enumerate(self.done) if not d]
+
+    def masks(self) -> np.ndarray:
+        """The tokens each piece may take next: PAD once done; a Bar first after a prompt."""
+        masks = np.zeros((len(self.done), len(self.grammar.tok)), dtype=bool)
+        for b, st in enumerate(self.states):
+            if self.done[b]:
+                masks[b, self.grammar.tok.pad_id] = True
+            elif self.force_bar:
+                masks[b, self.grammar.tok.bar_id] = True
+            else:
+                masks[b] = self.steer.mask(st, self.bars_started[b], self.from_scratch)
+        self.force_bar = False
+        return masks
+
+    def steered_states(self) -> list[GrammarState]:
+        """The states the onset corrections read (a done piece's: a fresh one, which none steers)."""
+        return [GrammarState() if d else st for st, d in zip(self.states, self.done)]
+
+    def take(self, nxt: list[int]) -> None:
+        """Append each going piece's sampled token; a piece is done at its `bars`-th bar's end
+        (the Bar that would open one more is not kept) or after `max_new` tokens."""
+        for b in self.going():
+            t = nxt[b]
+            if t == self.grammar.tok.bar_id:
+                if self.bars is not None and self.bars_started[b] >= self.bars:
+                    self.done[b] = True
+                    continue
+                self.bars_started[b] += 1
+            self.seqs[b].append(t)
+            self.grammar.advance(self.states[b], t)
+            if len(self.seqs[b]) - self.keep >= self.max_new:
+                self.done[b] = True
+
+
 @torch.inference_mode()
 def sample(model: Performer, tokenizer: REMITokenizer, *, num: int = 1, length: int | None = None,
            bars: int | None = None, prompt: np.ndarray | None = None, options: SamplingOptions | None = None,
@@ -444,74 +508,37 @@ def sample(model: Performer, tokenizer: REMITokenizer, *, num: int = 1, length: 
     if prompt is None:
         prompt = np.array([tokenizer.bos_id], dtype=np.int64)
     prompt = np.asarray(prompt, dtype=np.int64)
-    max_tokens = len(prompt) + (length if length is not None else 10**9)
-    if model.cfg.has_absolute_pe and length is not None and max_tokens > model.cfg.max_len:
-        need = ("the prompt's {prompt} tokens and {length} {n} need {total}" if len(prompt) > 1
-                else "{length} {n} needs {total} with the start token")
-        raise OptionError("this model uses an absolute positional encoding limited to {limit} tokens; " + need,
-                          limit=model.cfg.max_len, prompt=len(prompt), n=length, total=max_tokens)
-    states = [GrammarState() for _ in range(num)]
-    for st in states:
-        for t in prompt:
-            grammar.advance(st, int(t))
-    seqs = [list(map(int, prompt)) for _ in range(num)]
-    bars_started = [0] * num
-    done = [False] * num
-    from_scratch = len(prompt) == 1
+    _check_absolute_pe_reach(model, len(prompt), length)
+    # (with --bars, a piece that never closes its bars is stopped all the same)
+    pieces = _Pieces(num, prompt, grammar, steer, bars, max_new=length if length is not None else bars * 4096)
     batch_prompt = torch.from_numpy(np.tile(prompt, (num, 1))).to(device)
     # with --chords, a bar copies only from moments under its own chord: the harmony is the user's
     by_chord = chords is not None and options.repeat > 0
     decoder = _Decoder(model, tokenizer, batch_prompt, options, weights_dtype or auto_step_dtype(device, num), by_chord)
-    # continuing a prompt starts a new bar: the prompt stays as the user wrote it
-    force_bar = len(prompt) > 1
-    # with --bars, a piece that never closes its bars is stopped all the same
-    max_new = length if length is not None else bars * 4096
 
     interrupted = False
     n = 0
     t0 = time.perf_counter()
     try:
         while True:
-            masks = np.zeros((num, len(tokenizer)), dtype=bool)
-            for b in range(num):
-                if done[b]:
-                    masks[b, tokenizer.pad_id] = True
-                elif force_bar:
-                    masks[b, tokenizer.bar_id] = True
-                else:
-                    masks[b] = steer.mask(states[b], bars_started[b], from_scratch)
-            force_bar = False
-            tags = torch.tensor([st.chord for st in states], device=device) if by_chord else None
+            masks = pieces.masks()
+            tags = torch.tensor([st.chord for st in pieces.states], device=device) if by_chord else None
             logits = decoder.next_log_probs(tags)
-            for b in range(num):
-                if not done[b]:
-                    steer.favour_chord_tones(logits[b], states[b], bars_started[b])
+            for b in pieces.going():
+                steer.favour_chord_tones(logits[b], pieces.states[b], pieces.bars_started[b])
             masked = logits.masked_fill(~torch.from_numpy(masks).to(device), float("-inf"))
-            at_bar = torch.tensor([not done[b] and states[b].last == BAR for b in range(num)])
-            masked = steer_onsets(masked, [GrammarState() if done[b] else st for b, st in enumerate(states)], options,
-                                  onset_ids)
+            at_bar = torch.tensor([not pieces.done[b] and st.last == BAR for b, st in enumerate(pieces.states)])
+            masked = steer_onsets(masked, pieces.steered_states(), options, onset_ids)
             probs = torch.softmax(filter_logits(masked, options, at_bar), dim=-1).cpu()
             nxt = torch.multinomial(probs, 1, generator=gen).squeeze(1)
-            for b in range(num):
-                if not done[b] and opens_on_meter(states[b], from_scratch):
+            for b in pieces.going():
+                if opens_on_meter(pieces.states[b], pieces.from_scratch):
                     nxt[b] = int(masked[b].argmax())
             n += 1
-            for b in range(num):
-                if done[b]:
-                    continue
-                t = int(nxt[b])
-                if t == tokenizer.bar_id:
-                    if bars is not None and bars_started[b] >= bars:
-                        done[b] = True  # this Bar would open bar B+1: all B bars are complete
-                        continue
-                    bars_started[b] += 1
-                seqs[b].append(t)
-                grammar.advance(states[b], t)
-                if len(seqs[b]) - len(prompt) >= max_new:
-                    done[b] = True
+            pieces.take(nxt.tolist())
             if on_token is not None:
-                on_token(n, max(bars_started))
-            if all(done):
+                on_token(n, max(pieces.bars_started))
+            if all(pieces.done):
                 break
             if should_stop is not None and should_stop():
                 interrupted = True
@@ -522,7 +549,7 @@ def sample(model: Performer, tokenizer: REMITokenizer, *, num: int = 1, length: 
     wall = time.perf_counter() - t0
     complete = bars is not None and not interrupted
     out = [canonical(finish_sequence(s, tokenizer, grammar, keep=len(prompt), last_bar_complete=complete and d),
-                     tokenizer) for s, d in zip(seqs, done)]
+                     tokenizer) for s, d in zip(pieces.seqs, pieces.done)]
     return SampleResult(out, n, wall, interrupted)
 
 
