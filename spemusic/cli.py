@@ -1010,14 +1010,9 @@ def _generate_or_continue(model_name, prompt_path, prompt_bars, length, bars, nu
     _check_model_names(model_name)
     if not 1 <= num <= MAX_PIECES:
         raise SpemusicError(f"--num must be between 1 and {MAX_PIECES} (got {num}); run several times for more")
-    if seed is not None and not 0 <= seed < 2**63:
-        raise SpemusicError(f"--seed must be between 0 and 2^63 - 1 (got {seed})")
+    seed = _seed_or_new(seed)
     if not (math.isfinite(chord_strength) and chord_strength >= 0):
         raise SpemusicError(f"--chord-strength must be a number of 0 or more (got {chord_strength})")
-    if seed is None:  # a new piece on every run; the seed is printed, so a piece can be made again
-        import secrets
-
-        seed = secrets.randbelow(2**31)
     asked = dict(top_p=top_p, bar_top_p=bar_top_p, onset_top_p=onset_top_p, repeat=repeat,
                  hole_penalty=hole_penalty, stacking=stacking)
     _sampling_options({}, temperature, top_k, **asked)  # refused before any work when out of range
@@ -1083,6 +1078,45 @@ def _generate_or_continue(model_name, prompt_path, prompt_bars, length, bars, nu
 
 # ----------------------------------------------------------------------------- play
 
+def _seed_or_new(seed: int | None) -> int:
+    """--seed checked, or a new one (a new piece on every run; the seed is printed, so a piece can
+    be made again)."""
+    if seed is None:
+        import secrets
+
+        return secrets.randbelow(2**31)
+    if not 0 <= seed < 2**63:
+        raise SpemusicError(f"--seed must be between 0 and 2^63 - 1 (got {seed})")
+    return seed
+
+
+def _play_outputs(port: str | None, to_stdout: bool, midi_to_stdout: bool, soundfont: Path | None):
+    """play's outputs: (MIDI out or None, audio out or None, the SoundFont or None, their description)."""
+    from .audio import find_soundfont
+    from .play import SoundCard, open_midi_port, require_mido, stdout_audio, stdout_midi
+
+    if midi_to_stdout:
+        require_mido()
+    midi_out = open_midi_port(port) if port is not None else (stdout_midi if midi_to_stdout else None)
+    audio_out, font = None, None
+    if to_stdout or (port is None and not midi_to_stdout):
+        font = find_soundfont(soundfont)
+        audio_out = stdout_audio if to_stdout else SoundCard(44100)
+    outputs = ", ".join(x for x in (port and f"MIDI port {port}", midi_to_stdout and "MIDI on stdout",
+                                    to_stdout and f"audio on stdout ({font.name})",
+                                    audio_out is not None and not to_stdout and f"the sound card ({font.name})") if x)
+    return midi_out, audio_out, font, outputs
+
+
+def _say_what_played(result, seed: int) -> None:
+    minutes, secs = divmod(result.music_seconds, 60)
+    err.print(f"played {result.bars} bar{'s' * (result.bars != 1)}, {int(minutes)}:{secs:04.1f} of music, seed {seed}; "
+              f"sampling margin {result.margin:.1f}x real time ({result.sampled_seconds:.1f} s of music sampled in "
+              f"{result.sampling_seconds:.1f} s)" + (f"; the music waited for the sampler {result.underruns} times, "
+                                                    f"{result.late_seconds:.1f} s in all" if result.underruns else ""),
+              highlight=False)
+
+
 @app.command()
 def play(
     model: str | None = typer.Option(None, "--model", "-m", help="Model name or checkpoint path "
@@ -1123,17 +1157,15 @@ def play(
     spemusic play --prompt song.mid --seed 7 --stdout > live.raw
     """
     import_native_libraries()
-    from .audio import find_soundfont
     from .checkpoint import load_model
     from .files import check_output_file, write_output
-    from .play import Player, SoundCard, open_midi_port, play as play_bars, require_mido, stdout_audio, stdout_midi
+    from .play import Player, SoundCard, play as play_bars
     from .prompts import load_prompt, midi_bytes
     from .tokenizer import REMITokenizer
 
     if bars is not None and bars < 1:
         raise SpemusicError(f"--bars must be at least 1 (got {bars})")
-    if seed is not None and not 0 <= seed < 2**63:
-        raise SpemusicError(f"--seed must be between 0 and 2^63 - 1 (got {seed})")
+    seed = _seed_or_new(seed)
     if to_stdout and midi_to_stdout:
         raise SpemusicError("--stdout and --stdout-midi both write to stdout: give one")
     if (to_stdout or midi_to_stdout) and sys.stdout.isatty():
@@ -1145,19 +1177,9 @@ def play(
         if record.suffix.lower() not in (".mid", ".midi"):
             raise SpemusicError(f"--record {record}: give a .mid file")
         check_output_file(record, overwrite, "--record")
-    if seed is None:
-        import secrets
-
-        seed = secrets.randbelow(2**31)
     _check_model_names(model)
     _set_threads(threads, 1)  # one recurrent step is too small to share between threads
-    if midi_to_stdout:
-        require_mido()
-    midi_out = open_midi_port(port) if port is not None else (stdout_midi if midi_to_stdout else None)
-    audio_out, font = None, None
-    if to_stdout or (port is None and not midi_to_stdout):
-        font = find_soundfont(soundfont)
-        audio_out = stdout_audio if to_stdout else SoundCard(44100)
+    midi_out, audio_out, font, outputs = _play_outputs(port, to_stdout, midi_to_stdout, soundfont)
     prompt_ids = None
     if prompt is not None:
         loaded = load_prompt(prompt, REMITokenizer())
@@ -1168,9 +1190,6 @@ def play(
     if prompt is not None:  # read again only when the model's tokenizer differs from the default
         prompt_ids = (loaded if tok.config == REMITokenizer().config else load_prompt(prompt, tok)).ids
     player = Player(midi_out=midi_out, audio_out=audio_out, soundfont=font)
-    outputs = ", ".join(x for x in (port and f"MIDI port {port}", midi_to_stdout and "MIDI on stdout",
-                                    to_stdout and f"audio on stdout ({font.name})",
-                                    audio_out is not None and not to_stdout and f"the sound card ({font.name})") if x)
     err.print(f"playing {model or 'pop-piano'}, seed {seed}, to {outputs}; Ctrl-C stops at the end of a bar",
               highlight=False)
     stop = threading.Event()
@@ -1196,12 +1215,7 @@ def play(
             signal.signal(signal.SIGINT, previous)
             if isinstance(audio_out, SoundCard):
                 audio_out.close()
-    minutes, secs = divmod(result.music_seconds, 60)
-    err.print(f"played {result.bars} bar{'s' * (result.bars != 1)}, {int(minutes)}:{secs:04.1f} of music, seed {seed}; "
-              f"sampling margin {result.margin:.1f}x real time ({result.sampled_seconds:.1f} s of music sampled in "
-              f"{result.sampling_seconds:.1f} s)" + (f"; the music waited for the sampler {result.underruns} times, "
-                                                    f"{result.late_seconds:.1f} s in all" if result.underruns else ""),
-              highlight=False)
+    _say_what_played(result, seed)
     if record is not None and result.tokens:
         write_output(midi_bytes(tok.decode([tok.bos_id, *result.tokens, tok.eos_id])), record)
         err.print(f"recorded {record}", highlight=False)

@@ -211,6 +211,38 @@ def _split_counts(entries: list[dict]) -> dict:
     return counts
 
 
+def _index_entries(rel: list[str], paths: list[str], results: dict, splits_by_path: dict | None, split_csv):
+    """The cache index's entries (path, split, offset, length) of the files tokenized, the skipped
+    ones with their reasons, and the token arrays in the entries' order."""
+    entries, skipped, arrays, offset = [], [], [], 0
+    for r, p in zip(rel, paths):
+        ids, err = results[p]
+        split = splits_by_path.get(r) if splits_by_path is not None else hash_split(r)
+        if ids is None or split is None:
+            skipped.append({"path": r, "reason": _skip_reason(r, p, err) if ids is None
+                            else f"not listed in {Path(split_csv).name}"})
+            continue
+        entries.append({"path": r, "split": split, "offset": offset, "length": int(len(ids))})
+        arrays.append(ids)
+        offset += len(ids)
+    return entries, skipped, arrays
+
+
+def _check_prepare_folders(midi_dir: Path, cache_dir: Path, config: TokenizerConfig, beats_dir, chords_dir):
+    """prepare's folders refused before any work when wrong; the annotation folders as Paths (or None)."""
+    if chords_dir is not None and not config.chords:
+        raise SpemusicError("chord annotations need a tokenizer with chord tokens (TokenizerConfig(chords=True))")
+    if not midi_dir.is_dir():
+        raise SpemusicError(f"{midi_dir}: {'not a folder' if midi_dir.exists() else 'no such folder'} "
+                            "(give a folder of MIDI files)")
+    for d, what in ((beats_dir, "beats"), (chords_dir, "chords")):
+        if d is not None and not Path(d).is_dir():
+            raise SpemusicError(f"{d}: {'not a folder' if Path(d).exists() else 'no such folder'} "
+                                f"(--{what} takes a folder of annotation files)")
+    check_output_folder(cache_dir, option="cache folder")
+    return (Path(beats_dir) if beats_dir is not None else None), (Path(chords_dir) if chords_dir is not None else None)
+
+
 def prepare(
     midi_dir: Path,
     cache_dir: Path,
@@ -233,18 +265,7 @@ def prepare(
     with another tokenizer config is never reused (the fingerprint is part of the index)."""
     midi_dir, cache_dir = Path(midi_dir), Path(cache_dir)
     config = config or TokenizerConfig(chords=chords_dir is not None)
-    if chords_dir is not None and not config.chords:
-        raise SpemusicError("chord annotations need a tokenizer with chord tokens (TokenizerConfig(chords=True))")
-    if not midi_dir.is_dir():
-        raise SpemusicError(f"{midi_dir}: {'not a folder' if midi_dir.exists() else 'no such folder'} "
-                            "(give a folder of MIDI files)")
-    for d, what in ((beats_dir, "beats"), (chords_dir, "chords")):
-        if d is not None and not Path(d).is_dir():
-            raise SpemusicError(f"{d}: {'not a folder' if Path(d).exists() else 'no such folder'} "
-                                f"(--{what} takes a folder of annotation files)")
-    beats_dir = Path(beats_dir) if beats_dir is not None else None
-    chords_dir = Path(chords_dir) if chords_dir is not None else None
-    check_output_folder(cache_dir, option="cache folder")
+    beats_dir, chords_dir = _check_prepare_folders(midi_dir, cache_dir, config, beats_dir, chords_dir)
     files = find_midi_files(midi_dir)
     if not files:
         raise SpemusicError(f"{midi_dir}: no MIDI files (.mid, .midi) found")
@@ -267,17 +288,7 @@ def prepare(
     paths = [str(p) for p in files]
     jobs = [(str(p), *(str(a) if a else None for a in (beat_files[r], chord_files[r]))) for r, p in zip(rel, files)]
     results = _tokenize_files(jobs, config, workers or min(os.cpu_count() or 1, 8), progress)
-    entries, skipped, arrays, offset = [], [], [], 0
-    for r, p in zip(rel, paths):
-        ids, err = results[p]
-        split = splits_by_path.get(r) if splits_by_path is not None else hash_split(r)
-        if ids is None or split is None:
-            skipped.append({"path": r, "reason": _skip_reason(r, p, err) if ids is None
-                            else f"not listed in {Path(split_csv).name}"})
-            continue
-        entries.append({"path": r, "split": split, "offset": offset, "length": int(len(ids))})
-        arrays.append(ids)
-        offset += len(ids)
+    entries, skipped, arrays = _index_entries(rel, paths, results, splits_by_path, split_csv)
     if not entries:
         raise SpemusicError(f"{midi_dir}: none of the {len(files)} MIDI files could be tokenized")
 
