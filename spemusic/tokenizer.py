@@ -1036,11 +1036,7 @@ class REMITokenizer:
         started = False
         onset = 0
         prog = pitch = vel = -1
-        n_step: list[int] = []
-        n_dur: list[int] = []
-        n_pitch: list[int] = []
-        n_vel: list[int] = []
-        n_prog: list[int] = []
+        notes: list[tuple[int, int, int, int, int]] = []  # (step, duration steps, pitch, velocity, program)
         tempos: list[tuple[int, int]] = []  # (step, bin)
         tss: list[tuple[int, int]] = []  # (step, ts index)
         chords: list[tuple[int, int]] = []  # (step, chord index)
@@ -1062,19 +1058,11 @@ class REMITokenizer:
                 if pitch >= 0 and vel < 0:
                     vel = vals[i]
                     if prog == DRUMS:
-                        n_step.append(onset)
-                        n_dur.append(1)
-                        n_pitch.append(pitch)
-                        n_vel.append(vel_vals[vel])
-                        n_prog.append(prog)
+                        notes.append((onset, 1, pitch, vel_vals[vel], prog))
                         prog = pitch = vel = -1
             elif k == DURATION:
                 if vel >= 0 and prog != DRUMS:
-                    n_step.append(onset)
-                    n_dur.append(dur_vals[vals[i]])
-                    n_pitch.append(pitch)
-                    n_vel.append(vel_vals[vel])
-                    n_prog.append(prog)
+                    notes.append((onset, dur_vals[vals[i]], pitch, vel_vals[vel], prog))
                 prog = pitch = vel = -1
             elif k == POSITION:
                 if not started:
@@ -1114,14 +1102,8 @@ class REMITokenizer:
         tempos = [x for j, x in enumerate(tempos) if j == 0 or x[1] != tempos[j - 1][1]]
         if tempos:
             tempos[0] = (0, tempos[0][1])  # the first tempo holds from the start
-        notes = (
-            np.array(n_step, dtype=np.int64),
-            np.array(n_dur, dtype=np.int64),
-            np.array(n_pitch, dtype=np.int64),
-            np.array(n_vel, dtype=np.int64),
-            np.array(n_prog, dtype=np.int64),
-        )
-        return notes, tempos, tss, chords
+        columns = np.array(notes, dtype=np.int64).reshape(-1, 5).T
+        return tuple(np.ascontiguousarray(c) for c in columns), tempos, tss, chords
 
     @staticmethod
     def _layers(step: np.ndarray, dur: np.ndarray, pitch: np.ndarray, prog: np.ndarray) -> np.ndarray:
