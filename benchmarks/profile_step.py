@@ -66,13 +66,12 @@ def parts(model: Performer, B: int, T: int):
     if spe is not None:
         code = spe.draw(None)
 
-        def features():
-            ctx = spe.context(code, 0, T)
-            backward(ctx.a_q, ctx.a_k)
+        def features():  # values only: the filter returns the frequencies' and phases' gradients
+            spe.context(code, 0, T)
         out.append(("sineSPE trig features (shared by the layers)", len(model.spe), features))
         ctx = spe.context(code, 0, T)
-        ctx = type(ctx)(**{**ctx.__dict__, "a_q": ctx.a_q.detach().requires_grad_(),
-                                     "a_k": ctx.a_k.detach().requires_grad_()})  # the phases learn
+        ctx = type(ctx)(**{**ctx.__dict__, "omega": ctx.omega.detach().requires_grad_(),
+                                     "theta": ctx.theta.detach().requires_grad_()})  # the phases learn
 
         def spe_filter():
             backward(*att.filter(leaf(B, T, H, D, name="q"), leaf(B, T, H, D, name="k"), ctx))
