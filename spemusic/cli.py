@@ -20,7 +20,7 @@ from rich.table import Table
 from . import __version__
 from ._start import import_native_libraries
 from .errors import OptionError, SpemusicError
-from .options import ATTENTION_OPTIONS, PE_OPTIONS, PRESETS, STEP_PRECISIONS, TRAIN_PRECISIONS
+from .options import ATTENTION_OPTIONS, MODEL_PRESETS, PE_OPTIONS, PRESETS, STEP_PRECISIONS, TRAIN_PRECISIONS, TrainConfig
 
 # typer prints a <bool> type placeholder after every flag (--overwrite <bool>), as if it took a
 # value; flags take none, so their type column stays empty
@@ -115,23 +115,26 @@ MODEL_SAMPLING = {
     # of a third note and more tempered
     "pop-piano": dict(repeat=0.9, onset_top_p=0.9, hole_penalty=4.0, stacking=0.8),
 }
-TOP_P_HELP = "Nucleus sampling mass in (0, 1]; 1 turns it off. \\[default: 1; 0.95 for groove]"
+def _sampling_default(key: str) -> str:
+    """'[default: …]' of a sampling option, from SAMPLING_DEFAULTS and MODEL_SAMPLING."""
+    by_model = [f"{defaults[key]:g} for {name}" for name, defaults in MODEL_SAMPLING.items() if key in defaults]
+    return f"\\[default: {'; '.join([f'{SAMPLING_DEFAULTS[key]:g}', *by_model])}]"
+
+
+TOP_P_HELP = "Nucleus sampling mass in (0, 1]; 1 turns it off. " + _sampling_default("top_p")
 BAR_TOP_P_HELP = ("Nucleus mass at each bar line, where the model picks whether the meter changes and where the "
                   "bar's first note falls: 0.8 keeps the meter unless the model is sure of a change. "
-                  "\\[default: 0.8; 0.95 for groove]")
+                  + _sampling_default("bar_top_p"))
 ONSET_TOP_P_HELP = ("Nucleus mass among the places the next onset may take after a note (the positions and the "
                     "bar line; whether another note comes at the same onset stays the model's choice): below 1 "
-                    "cuts the far onsets of the tail, which leave holes. "
-                    "\\[default: 0.9 for pop-piano, else 1]")
+                    "cuts the far onsets of the tail, which leave holes. " + _sampling_default("onset_top_p"))
 REPEAT_HELP = ("How strongly a piece repeats its earlier bars, 0 to 1: the share a continuous cache of the piece's "
                "own hidden states may take where the model is somewhere it has been before (0: the model alone). "
-               "\\[default: 0.9 for pop-piano, else 0]")
+               + _sampling_default("repeat"))
 HOLE_PENALTY_HELP = ("Nats taken off the chance of each next onset per beat of silence it would leave (beyond a "
-                     "quarter beat, after every note has ended); 0 turns it off. "
-                     "\\[default: 4 for pop-piano, else 0]")
+                     "quarter beat, after every note has ended); 0 turns it off. " + _sampling_default("hole_penalty"))
 STACKING_HELP = ("Once an onset holds two notes, the odds of one more note there are multiplied by this (below 1: "
-                 "fewer stacked notes); 1 turns it off. \\[default: 0.8 for pop-piano, else 1]")
-
+                 "fewer stacked notes); 1 turns it off. " + _sampling_default("stacking"))
 
 def _sampling_options(info: dict, temperature: float, top_k: int, **asked):
     """The sampling options asked for (SAMPLING_DEFAULTS' keys; None: not given), the model's
@@ -471,61 +474,91 @@ STEP_PRECISION_HELP = ("Weights of the generation step. Half precision reads hal
                        "or bf16 from --num 8 on a CPU with native bf16.")
 
 
+# train's options that are TrainConfig fields: (help panel, text[, the default as shown]); the
+# help appends "[default: …]" from TrainConfig itself, unless the third item says otherwise (None:
+# no default shown)
+TRAIN_OPTIONS = {
+    "preset": ("Model", "Model size."),
+    "pe": ("Model", "Positional encoding."),
+    "gated": ("Model", "Gated SPE."),
+    "attention": ("Model", "favor (linear) or softmax (quadratic baseline)."),
+    "short_conv": ("Model", ("Tokens each block's short causal convolution reaches back (0: none). Added to an "
+                   "--init-from model that has none, or widened (farther taps at zero)."),
+                   f"{MODEL_PRESETS['small']['short_conv']}, or the --init-from model's"),
+    "max_len": ("Model", ("Longest sequence of an absolute PE (ape, sinusoidal, axial) at generation/eval; SPE has "
+                "no limit."), "max(seq-len, 2048)"),
+    "init_from": ("Model", ("Fine-tune: start from this model (a shipped name or a checkpoint), with its size, PE "
+                  "and tokenizer."), None),
+    "seq_len": ("Data", "Training window in tokens."),
+    "beats": ("Data", ("Folder of beat annotations for a MIDI folder DATA (as for `data prepare`): bars from their "
+              "downbeats."), None),
+    "chords": ("Data", ("Folder of chord annotations for a MIDI folder DATA: Chord tokens (a new model gets them in "
+               "its vocabulary)."), None),
+    "batch_size": ("Optimisation", "Sequences per micro-batch, all processes together."),
+    "grad_accum": ("Optimisation", "Micro-batches per optimizer step."),
+    "steps": ("Optimisation", "Optimizer steps.", None),
+    "epochs": ("Optimisation", "Passes over the train split's tokens (instead of --steps).", None),
+    "lr": ("Optimisation", "Peak learning rate."),
+    "warmup": ("Optimisation", "Linear warmup steps, then cosine decay."),
+    "weight_decay": ("Optimisation", ("AdamW weight decay, on the weight matrices (not on embeddings, gains, biases "
+                     "or the positional encoding).")),
+    "feature_redraw": ("Optimisation", "Redraw FAVOR+ features every N steps (0: never)."),
+    "seed": ("Optimisation", "Random seed."),
+    "val_every": ("Run", "Validate every N steps."),
+    "save_every": ("Run", "Save `last` every N steps."),
+    "log_every": ("Run", "Write metrics.jsonl every N steps."),
+    "device": ("Run", "auto, cpu or cuda."),
+    "precision": ("Run", ("auto: bf16 on GPUs; on a CPU, measures fp32 and bf16 on this model and batch for a few "
+                  "steps and takes the faster.")),
+    "compile": ("Run", "torch.compile the model."),
+    "checkpoint_activations": ("Run", ("Recompute each block's activations in the backward pass: much less memory "
+                               "for long sequences, about a third more compute.")),
+}
+
+
+def _train_option(name: str, *flags: str):
+    """The typer option of TrainConfig field `name`, its help from TRAIN_OPTIONS and its default
+    from TrainConfig (None as the option's own default: only what is typed is passed on)."""
+    panel, text, *shown = TRAIN_OPTIONS[name]
+    if not shown:
+        value = getattr(TrainConfig(), name)
+        if isinstance(value, bool):  # as typer shows a flag's default
+            value = name.replace("_", "-") if value else "no-" + name.replace("_", "-")
+        shown = [f"{value:g}" if isinstance(value, float) else value]
+    return typer.Option(None, *flags, rich_help_panel=panel,
+                        help=text + (f" \\[default: {shown[0]}]" if shown[0] is not None else ""))
+
+
 @app.command()
 def train(
     data: Path | None = typer.Argument(None, help="Folder of MIDI files, or a cache from `spemusic data prepare`."),
-    preset: Preset | None = typer.Option(None, rich_help_panel="Model", help="Model size. \\[default: small]"),
-    pe: PE | None = typer.Option(None, "--pe", rich_help_panel="Model", help="Positional encoding. \\[default: sinespe]"),
-    gated: bool | None = typer.Option(None, "--gated/--no-gated", rich_help_panel="Model",
-                                         help="Gated SPE. \\[default: gated]"),
-    attention: Attention | None = typer.Option(None, rich_help_panel="Model",
-                                                  help="favor (linear) or softmax (quadratic baseline). \\[default: favor]"),
-    seq_len: int | None = typer.Option(None, rich_help_panel="Data", help="Training window in tokens. \\[default: 1024]"),
-    batch_size: int | None = typer.Option(None, rich_help_panel="Optimisation",
-                                             help="Sequences per micro-batch, all processes together. \\[default: 8]"),
-    grad_accum: int | None = typer.Option(None, rich_help_panel="Optimisation",
-                                             help="Micro-batches per optimizer step. \\[default: 1]"),
-    steps: int | None = typer.Option(None, rich_help_panel="Optimisation", help="Optimizer steps."),
-    epochs: float | None = typer.Option(None, rich_help_panel="Optimisation",
-                                           help="Passes over the train split's tokens (instead of --steps)."),
-    lr: float | None = typer.Option(None, rich_help_panel="Optimisation", help="Peak learning rate. \\[default: 1e-3]"),
-    warmup: int | None = typer.Option(None, rich_help_panel="Optimisation",
-                                         help="Linear warmup steps, then cosine decay. \\[default: 100]"),
-    weight_decay: float | None = typer.Option(None, rich_help_panel="Optimisation",
-                                                 help="AdamW weight decay, on the weight matrices (not on embeddings, "
-                                                 "gains, biases or the positional encoding). \\[default: 0.1]"),
-    feature_redraw: int | None = typer.Option(None, rich_help_panel="Optimisation",
-                                                 help="Redraw FAVOR+ features every N steps (0: never). \\[default: 1000]"),
-    val_every: int | None = typer.Option(None, rich_help_panel="Run", help="Validate every N steps. \\[default: 200]"),
-    save_every: int | None = typer.Option(None, rich_help_panel="Run", help="Save `last` every N steps. \\[default: 200]"),
-    log_every: int | None = typer.Option(None, rich_help_panel="Run",
-                                            help="Write metrics.jsonl every N steps. \\[default: 10]"),
-    device: str | None = typer.Option(None, rich_help_panel="Run", help="auto, cpu or cuda. \\[default: auto]"),
-    precision: Precision | None = typer.Option(None, rich_help_panel="Run",
-                                                  help="auto: bf16 on GPUs; on a CPU, measures fp32 and bf16 on this model and "
-                                                       "batch for a few steps and takes the faster. \\[default: auto]"),
-    compile: bool | None = typer.Option(None, "--compile/--no-compile", rich_help_panel="Run",
-                                           help="torch.compile the model. \\[default: no]"),
-    checkpoint_activations: bool | None = typer.Option(        None, "--checkpoint-activations/--no-checkpoint-activations",
-        rich_help_panel="Run", help="Recompute each block's activations in the backward pass: much less memory for long "
-             "sequences, about a third more compute. \\[default: no]"),
-    short_conv: int | None = typer.Option(None, "--short-conv", rich_help_panel="Model",
-                                             help="Tokens each block's short causal convolution reaches back (0: none). "
-                                                  "Added to an --init-from model that has none, or widened (farther taps at "
-                                                  "zero). \\[default: 4, or the --init-from model's]"),
-    seed: int | None = typer.Option(None, rich_help_panel="Optimisation", help="Random seed. \\[default: 0]"),
-    max_len: int | None = typer.Option(None, "--max-len", rich_help_panel="Model",
-                                          help="Longest sequence of an absolute PE (ape, sinusoidal, axial) at "
-                                               "generation/eval; SPE has no limit. \\[default: max(seq-len, 2048)]"),
-    init_from: str | None = typer.Option(None, "--init-from", rich_help_panel="Model",
-                                            help="Fine-tune: start from this model (a shipped name or a checkpoint), with "
-                                                 "its size, PE and tokenizer."),
-    beats: Path | None = typer.Option(None, "--beats", rich_help_panel="Data",
-                                         help="Folder of beat annotations for a MIDI folder DATA (as for `data prepare`): "
-                                              "bars from their downbeats."),
-    chords: Path | None = typer.Option(None, "--chords", rich_help_panel="Data",
-                                          help="Folder of chord annotations for a MIDI folder DATA: Chord tokens (a new "
-                                               "model gets them in its vocabulary)."),
+    preset: Preset | None = _train_option("preset"),
+    pe: PE | None = _train_option("pe", "--pe"),
+    gated: bool | None = _train_option("gated", "--gated/--no-gated"),
+    attention: Attention | None = _train_option("attention"),
+    seq_len: int | None = _train_option("seq_len"),
+    batch_size: int | None = _train_option("batch_size"),
+    grad_accum: int | None = _train_option("grad_accum"),
+    steps: int | None = _train_option("steps"),
+    epochs: float | None = _train_option("epochs"),
+    lr: float | None = _train_option("lr"),
+    warmup: int | None = _train_option("warmup"),
+    weight_decay: float | None = _train_option("weight_decay"),
+    feature_redraw: int | None = _train_option("feature_redraw"),
+    val_every: int | None = _train_option("val_every"),
+    save_every: int | None = _train_option("save_every"),
+    log_every: int | None = _train_option("log_every"),
+    device: str | None = _train_option("device"),
+    precision: Precision | None = _train_option("precision"),
+    compile: bool | None = _train_option("compile", "--compile/--no-compile"),
+    checkpoint_activations: bool | None = _train_option(
+        "checkpoint_activations", "--checkpoint-activations/--no-checkpoint-activations"),
+    short_conv: int | None = _train_option("short_conv", "--short-conv"),
+    seed: int | None = _train_option("seed"),
+    max_len: int | None = _train_option("max_len", "--max-len"),
+    init_from: str | None = _train_option("init_from", "--init-from"),
+    beats: Path | None = _train_option("beats", "--beats"),
+    chords: Path | None = _train_option("chords", "--chords"),
     output: Path | None = typer.Option(None, "-o", "--output", rich_help_panel="Run",
                                           help="Run folder: checkpoints, metrics.jsonl."),
     config: Path | None = typer.Option(None, "--config", rich_help_panel="Run",
@@ -549,19 +582,14 @@ def train(
 
     torchrun --nproc_per_node 4 -m spemusic train my_midis/ -o runs/big --preset paper --steps 100000
     """
+    # the TrainConfig options typed (read before any other name is bound here)
+    given = {k: (str(v) if isinstance(v, Path) else v.value if isinstance(v, Enum) else v)
+             for k, v in locals().items() if k in TRAIN_OPTIONS and v is not None}
     import_native_libraries()
-    from .train import TrainConfig
 
     _set_threads(threads)
     _check_model_names(init_from, option="--init-from")
 
-    given = {k: (v.value if isinstance(v, Enum) else v) for k, v in dict(
-        preset=preset, pe=pe, gated=gated, attention=attention, seq_len=seq_len, batch_size=batch_size,
-        grad_accum=grad_accum, steps=steps, epochs=epochs, lr=lr, warmup=warmup, weight_decay=weight_decay,
-        feature_redraw=feature_redraw, val_every=val_every, save_every=save_every, log_every=log_every,
-        device=device, precision=precision, compile=compile, checkpoint_activations=checkpoint_activations,
-        seed=seed, max_len=max_len, short_conv=short_conv, init_from=init_from, beats=str(beats) if beats else None,
-        chords=str(chords) if chords else None).items() if v is not None}
     if resume is not None:  # all that was typed goes to the resume rules (train.resolve_run)
         typed = {**given, **{k: v for k, v in (("data", data), ("output", output), ("config", config))
                              if v is not None}}
@@ -577,13 +605,18 @@ def train(
         raise SpemusicError("give DATA (a folder of MIDI files or a data cache), or --resume RUN_DIR")
     if output is None:
         raise SpemusicError("give -o RUN_DIR for checkpoints and metrics")
+    _check_no_model_options(options, given, config)
+    cfg = TrainConfig.from_dict(options, source=str(config) if config else "")
+    _run_training(cfg, output, stop_after=stop_after)
+
+
+def _check_no_model_options(options: dict, given: dict, config: Path | None) -> None:
+    """A fine-tune takes its model from --init-from: options that would choose another are refused."""
     if options.get("init_from"):
         clash = [f"--{k.replace('_', '-')}" if k in given else f"{k} (in {config})"
                  for k in ("preset", "pe", "gated", "attention", "max_len") if k in options]
         if clash:
             raise SpemusicError(f"--init-from takes the model from {options['init_from']}; drop {', '.join(clash)}")
-    cfg = TrainConfig.from_dict(options, source=str(config) if config else "")
-    _run_training(cfg, output, stop_after=stop_after)
 
 
 def _run_training(cfg, run_dir: Path, *, resume: bool = False, stop_after: int | None) -> None:
@@ -1159,7 +1192,7 @@ def play(
     import_native_libraries()
     from .checkpoint import load_model
     from .files import check_output_file, write_output
-    from .play import Player, SoundCard, play as play_bars
+    from .play import Player
     from .prompts import load_prompt, midi_bytes
     from .tokenizer import REMITokenizer
 
@@ -1192,6 +1225,18 @@ def play(
     player = Player(midi_out=midi_out, audio_out=audio_out, soundfont=font)
     err.print(f"playing {model or 'pop-piano'}, seed {seed}, to {outputs}; Ctrl-C stops at the end of a bar",
               highlight=False)
+    result = _play_until_stopped(net, tok, player, audio_out, prompt=prompt_ids, options=options, seed=seed,
+                                 bars=bars, record=record is not None)
+    _say_what_played(result, seed)
+    if record is not None and result.tokens:
+        write_output(midi_bytes(tok.decode([tok.bos_id, *result.tokens, tok.eos_id])), record)
+        err.print(f"recorded {record}", highlight=False)
+
+
+def _play_until_stopped(net, tok, player, audio_out, *, prompt, options, seed: int, bars: int | None, record: bool):
+    """play.play with a status line; the first Ctrl-C ends the music at the end of its bar."""
+    from .play import SoundCard, play as play_bars
+
     stop = threading.Event()
 
     def on_sigint(signum, frame):  # the first Ctrl-C ends the music at the end of its bar; a second, at once
@@ -1207,18 +1252,14 @@ def play(
                                          f"{r.margin:.1f}x")
 
         try:
-            result = play_bars(net, tok, player, prompt=prompt_ids, options=options, seed=seed, bars=bars,
-                               should_stop=stop.is_set, record=record is not None, on_bar=on_bar)
+            return play_bars(net, tok, player, prompt=prompt, options=options, seed=seed, bars=bars,
+                             should_stop=stop.is_set, record=record, on_bar=on_bar)
         except BrokenPipeError:  # the reader (aplay, head) went away: as a stop
             raise SpemusicError("stdout closed by its reader: stopped") from None
         finally:
             signal.signal(signal.SIGINT, previous)
             if isinstance(audio_out, SoundCard):
                 audio_out.close()
-    _say_what_played(result, seed)
-    if record is not None and result.tokens:
-        write_output(midi_bytes(tok.decode([tok.bos_id, *result.tokens, tok.eos_id])), record)
-        err.print(f"recorded {record}", highlight=False)
 
 
 # ----------------------------------------------------------------------------- models
@@ -1299,7 +1340,7 @@ def eval_(
         raise SpemusicError("--reference compares music metrics; use it with --metrics")
     _set_threads(threads)
     from .checkpoint import load_model
-    from .evaluate import evaluate_nll, plot_format, plot_reports
+    from .evaluate import evaluate_nll, plot_format
 
     if plot is not None:
         plot_format(plot)
@@ -1325,8 +1366,14 @@ def eval_(
                                         trained_len=info.get("seq_len"), device=device,
                                         max_pieces=max_pieces or None, progress=progress, beats_dir=beats,
                                         chords_dir=chords, cache=repeat_options.cache()))
-    with_cache = f", with the continuous cache at --repeat {repeat}" if repeat else ""
-    table = Table(title=f"NLL per token by position ({split} split of {data}{with_cache})")
+    _print_nll_table(reports, f"{split} split of {data}" + (f", with the continuous cache at --repeat {repeat}"
+                                                             if repeat else ""))
+    _write_nll_outputs(reports, json_path, plot)
+
+
+def _print_nll_table(reports, what: str) -> None:
+    """eval's table: NLL per token by position bucket, one column per model; `what`: the data scored."""
+    table = Table(title=f"NLL per token by position ({what})")
     table.add_column("positions")
     for r in reports:
         table.add_column(r.model, justify="right")
@@ -1344,9 +1391,14 @@ def eval_(
     out.print(table)
     if any(b["nll"] is None for r in reports for b in r.buckets):
         out.print("-: no piece of the data reaches these positions")
-    if json_path is not None:
-        from .files import write_atomically
 
+
+def _write_nll_outputs(reports, json_path: Path | None, plot: Path | None) -> None:
+    """eval's --json and --plot files."""
+    from .evaluate import plot_reports
+    from .files import write_atomically
+
+    if json_path is not None:
         payload = reports[0].to_dict() if len(reports) == 1 else {"models": [r.to_dict() for r in reports]}
         write_atomically(json.dumps(payload, indent=2).encode(), json_path)
         err.print(f"wrote {json_path}")

@@ -1,5 +1,13 @@
 """The choices the library accepts, in one place and without importing torch: the configs check
-against them, and the command line builds its option choices from them."""
+against them, and the command line builds its option choices from them. TrainConfig, the
+training options, lives here too: the command line shows its defaults."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+
+from .errors import OptionError, SpemusicError
 
 PE_OPTIONS = ("sinespe", "convspe", "ape", "sinusoidal", "axial", "none")
 SPE_OPTIONS = ("sinespe", "convspe")
@@ -19,3 +27,95 @@ PRESETS = tuple(MODEL_PRESETS)
 
 TRAIN_PRECISIONS = ("auto", "fp32", "bf16")  # autocast in training (auto: measured, device.pick_dtype)
 STEP_PRECISIONS = ("auto", "fp16", "bf16", "fp32")  # the generation step's weights (sampling.auto_step_dtype)
+
+
+# what a TrainConfig field of each annotated type accepts (bool is an int to Python, not to a config)
+_OPTION_TYPES = {"int": ((int,), "an integer"), "float": ((int, float), "a number"),
+                 "bool": ((bool,), "true or false"), "str": ((str,), "a string")}
+
+
+@dataclass
+class TrainConfig:
+    data: str = ""
+    preset: str = "small"
+    pe: str = "sinespe"
+    gated: bool = True
+    attention: str = "favor"
+    seq_len: int = 1024
+    batch_size: int = 8          # sequences per micro-batch, all processes together
+    grad_accum: int = 1          # micro-batches per optimizer step
+    steps: int = 0               # optimizer steps (0: derived from epochs)
+    epochs: float = 0.0
+    lr: float = 1e-3
+    warmup: int = 100
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0
+    feature_redraw: int = 1000   # FAVOR+ features redrawn every N steps (0: never)
+    val_every: int = 200
+    save_every: int = 200
+    log_every: int = 10
+    valid_windows: int = 64
+    device: str = "auto"
+    precision: str = "auto"
+    compile: bool = False
+    checkpoint_activations: bool = False  # recompute block activations in backward: less memory, ~1/3 more compute
+    seed: int = 0
+    transpose: int = 6
+    max_len: int = 0             # positions of an absolute PE (0: max(seq_len, 2048)); SPE has no limit
+    init_from: str = ""          # fine-tune: start from this model (shipped name or checkpoint), its config and tokenizer
+    beats: str = ""              # folder of beat annotations for a MIDI folder DATA (bars from their downbeats)
+    chords: str = ""             # folder of chord annotations (Chord tokens; a new model gets a chord vocabulary)
+    short_conv: int = -1         # tokens each block's short convolution reaches back (-1: the preset's, or the
+                                 # fine-tuned model's; a fine-tuned model without one gets it, starting at zero)
+
+    def check(self) -> None:
+        one_of = "{%s} must be one of {choices} (got {value!r})"
+        if self.preset not in PRESETS and not self.init_from:  # a fine-tune records its model's size
+            raise OptionError(one_of % "preset", choices=", ".join(PRESETS), value=self.preset)
+        if self.pe not in PE_OPTIONS:
+            raise OptionError(one_of % "pe", choices=", ".join(PE_OPTIONS), value=self.pe)
+        if self.attention not in ATTENTION_OPTIONS:
+            raise OptionError("{attention} must be favor or softmax (got {value!r})", value=self.attention)
+        if self.precision not in TRAIN_PRECISIONS:
+            raise OptionError("{precision} must be auto, fp32 or bf16 (got {value!r})", value=self.precision)
+        for name in ("seq_len", "batch_size", "grad_accum"):
+            if getattr(self, name) < 1:
+                raise OptionError("{%s} must be at least 1" % name)
+        if self.steps <= 0 and self.epochs <= 0:
+            raise OptionError("give {steps} or {epochs} (a positive number)")
+        if self.steps > 0 and self.epochs > 0:
+            raise OptionError("give {steps} or {epochs}, not both (got {n} steps and {e} epochs)", n=self.steps,
+                              e=self.epochs)
+        for name in ("lr", "weight_decay", "epochs", "grad_clip"):
+            if not math.isfinite(getattr(self, name)):
+                raise OptionError("{%s} must be a finite number (got {value})" % name, value=getattr(self, name))
+        if self.lr <= 0:
+            raise OptionError("{lr} must be positive")
+        for name in ("warmup", "feature_redraw", "transpose"):
+            if getattr(self, name) < 0:
+                raise OptionError("{%s} must be at least 0" % name)
+        for name in ("val_every", "save_every", "log_every"):
+            if getattr(self, name) < 1:
+                raise OptionError("{%s} must be at least 1" % name)
+        if self.weight_decay < 0:
+            raise OptionError("{weight_decay} must be at least 0")
+        if not -1 <= self.short_conv <= 64:
+            raise OptionError("{short_conv} must be in 0 … 64 (got {value})", value=self.short_conv)
+        if self.pe in ABSOLUTE_PE_OPTIONS and self.max_len and self.seq_len > self.max_len and not self.init_from:
+            raise OptionError("{seq_len} {n} is past {max_len} {limit}, the positions of an absolute PE ({kind}); "
+                              "SPE has no such limit", n=self.seq_len, limit=self.max_len, kind=self.pe)
+
+    @classmethod
+    def from_dict(cls, d: dict, source: str = "") -> TrainConfig:
+        """Options from a TOML file (``source``), the command line or a run's record, type-checked:
+        TOML has its own types, and a quoted number or a float step count must not reach training."""
+        where = f" in {source}" if source else ""
+        types = {f.name: f.type for f in fields(cls)}  # annotations as strings: "int", "float", ...
+        unknown = set(d) - set(types)
+        if unknown:
+            raise SpemusicError(f"unknown training option(s){where}: {', '.join(sorted(unknown))}")
+        for name, value in d.items():
+            accepted, expected = _OPTION_TYPES[types[name]]
+            if not isinstance(value, accepted) or (isinstance(value, bool) and bool not in accepted):
+                raise SpemusicError(f"training option {name}{where} must be {expected}, not {value!r}")
+        return cls(**d)
