@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from spemusic.checkpoint import load_model
+from spemusic.checkpoint import load_model, read_metadata, resolve
 from spemusic.cli import CHORD_STRENGTH, _sampling_options
 from spemusic.data import open_dataset
 from spemusic.metrics import continuation_similarity, summary
@@ -77,8 +77,11 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0, help="added to every piece's seed: another draw of the same benchmark")
     ap.add_argument("--out", default="benchmarks/results/music_metrics.json")
     args = ap.parse_args()
-    def options(model_name: str) -> SamplingOptions:  # the defaults of `generate` for that model
-        return _sampling_options({"name": Path(model_name).name}, args.temperature, 0, top_p=args.top_p,
+    def options(model_name: str) -> SamplingOptions:
+        # the defaults of `generate` for that model: by the name it was released under, so that a
+        # candidate in another folder is measured as it would ship
+        info = read_metadata(resolve(model_name))["info"]
+        return _sampling_options(info, args.temperature, 0, top_p=args.top_p,
                                  bar_top_p=args.bar_top_p, onset_top_p=args.onset_top_p, repeat=args.repeat,
                                  hole_penalty=args.hole_penalty, stacking=args.stacking)
 

@@ -147,12 +147,12 @@ def chunked_linear_attention(
 
 def favor_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, omega: torch.Tensor, scale2: float,
                     chunk_size: int, mm_dtype: torch.dtype | None = None) -> torch.Tensor:
-    """FAVOR+ causal attention of q, k (B, H, T, dk) fp32 and v: φ(q), φ(k), then the chunked
+    """FAVOR+ causal attention of q, k (B, H, T, dk) and v: φ(q), φ(k) in fp32, then the chunked
     linear attention (omega and scale2 as for favor_query / favor_key). The training step runs it
-    as one compiled region (spemusic.compiled), where the features' exponentials and the chunk
-    products' masks, sums and casts fuse."""
-    return chunked_linear_attention(favor_query(q, omega), favor_key(k, omega, scale2), v, chunk_size,
-                                    mm_dtype=mm_dtype)
+    as one compiled region (spemusic.compiled), where q's and k's casts to fp32, the features'
+    exponentials and the chunk products' masks, sums and casts fuse."""
+    return chunked_linear_attention(favor_query(q.float(), omega), favor_key(k.float(), omega, scale2), v,
+                                    chunk_size, mm_dtype=mm_dtype)
 
 
 def linear_attention_step(qf: torch.Tensor, kf: torch.Tensor, v: torch.Tensor, state: torch.Tensor, eps: float = EPS):

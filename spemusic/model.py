@@ -210,8 +210,7 @@ class Attention(nn.Module):
                 if training and compiled_unavailable() is None:
                     # φ and the chunk products fused by inductor: faster than eager's checkpointed
                     # path (benchmarks/profile_step.py), in no more memory (benchmarks/step_memory.py)
-                    res = compiled(favor_attention)(q.float(), k.float(), v, om, self.dk ** -0.5, self.cfg.chunk_size,
-                                                    mm_dtype)
+                    res = compiled(favor_attention)(q, k, v, om, self.dk ** -0.5, self.cfg.chunk_size, mm_dtype)
                 else:
                     qf, kf = favor_query(q.float(), om), favor_key(k.float(), om, self.dk ** -0.5)
                     if training:  # keep only φ(q̂), φ(k̂), v for the backward pass: the chunk products are recomputed
