@@ -76,8 +76,13 @@ def main() -> None:
     if args.json:
         print(json.dumps(run(args)))
         return
+    from spemusic.checkpoint import resolve
+
+    # the weights file itself, so that both sides fine-tune the same model (a name would give each
+    # revision its own shipped one)
+    weights = resolve(args.model).resolve()
     worker = ["--steps", args.steps, "--seq-len", args.seq_len, "--lr", args.lr, "--data", args.data,
-              "--model", args.model]
+              "--model", weights]
     script = Path(__file__)
     with contextlib.ExitStack() as stack:
         sides = {args.compare: stack.enter_context(checkout(args.compare))} if args.compare else {}
