@@ -42,6 +42,8 @@ from spemusic.data import open_dataset
 from spemusic.metrics import bar_sets, best_earlier_bars, note_grid
 from spemusic.sampling import SamplingOptions
 
+from _errors import run_script  # (benchmarks/, the script's own folder)
+
 DATA = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "pop909"
 BUCKETS = [(0.0, 0.2), (0.2, 0.5), (0.5, 0.8), (0.8, 1.01)]
 
@@ -192,4 +194,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

@@ -18,6 +18,8 @@ import sys
 import time
 from pathlib import Path
 
+from _errors import run_script  # (benchmarks/, the script's own folder)
+
 CONFIGS = [  # (name, train options)
     ("ape", ["--pe", "ape"]),
     ("axial", ["--pe", "axial"]),
@@ -83,4 +85,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

@@ -19,6 +19,8 @@ import subprocess
 import sys
 import time
 
+from _errors import run_script  # (benchmarks/, the script's own folder)
+
 
 def child(model: str, length: int, num: int, seed: int, asked: dict) -> None:
     """Run in a fresh process: sample, print one JSON line with timings and peak RSS."""
@@ -94,4 +96,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

@@ -37,6 +37,8 @@ from spemusic.data import open_dataset
 from spemusic.metrics import continuation_similarity, summary
 from spemusic.sampling import SamplingOptions, sample
 
+from _errors import run_script  # (benchmarks/, the script's own folder)
+
 DATA = Path(__file__).resolve().parents[1] / ".." / "shared" / "data"
 KEYS = ("H1", "H4", "GS", "notes_per_bar", "polyphony", "pitch_range")
 
@@ -245,4 +247,4 @@ def groove(args, opts) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

@@ -19,6 +19,8 @@ from spemusic.audio import find_soundfont
 from spemusic.checkpoint import load_model
 from spemusic.play import Player, play
 
+from _errors import run_script  # (benchmarks/, the script's own folder)
+
 
 class SkippingClock:
     def __init__(self):
@@ -72,4 +74,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

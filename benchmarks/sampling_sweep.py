@@ -19,6 +19,8 @@ from spemusic.cli import SAMPLING_DEFAULTS
 from spemusic.metrics import summary
 from spemusic.sampling import SamplingOptions, sample
 
+from _errors import run_script  # (benchmarks/, the script's own folder)
+
 KEYS = ("bars_4_4", "silence", "beats_with_onset", "notes_per_bar", "polyphony", "H1", "key_clarity", "repetition")
 REAL = {"bars_4_4": 0.927, "silence": 0.024, "beats_with_onset": 0.965, "notes_per_bar": 17.900, "polyphony": 1.871,
         "H1": 2.112, "key_clarity": 0.874, "repetition": 0.307}  # POP909 valid, music_metrics_pop_v2.txt
@@ -49,4 +51,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

@@ -36,6 +36,8 @@ from spemusic.grammar import GrammarState, REMIGrammar
 from spemusic.metrics import note_grid, sounding
 from spemusic.sampling import sample
 
+from _errors import run_script  # (benchmarks/, the script's own folder)
+
 DATA = Path(__file__).resolve().parents[1] / ".." / "shared" / "data"
 BEAT = 12  # grid steps per beat (the tokenizer's beat_resolution, checked below)
 
@@ -184,4 +186,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

@@ -20,6 +20,8 @@ import torch.nn.functional as F
 from spemusic.checkpoint import load_model
 from spemusic.data import open_dataset
 
+from _errors import run_script  # (benchmarks/, the script's own folder)
+
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 MODELS = {"pop-piano": DATA / "pop909", "groove": DATA / "groove"}
 
@@ -65,4 +67,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

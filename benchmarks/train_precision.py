@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from _errors import run_script  # (benchmarks/, the script's own folder)
 from revision import REPO, checkout, run_json  # (benchmarks/, the script's own folder)
 
 DATA = REPO / ".." / "shared" / "data" / "pop909"
@@ -98,4 +99,4 @@ def main() -> None:
         print(f"{side:<14}{f0:>12.4f}{f1:>9.4f}{b0:>13.4f}{b1:>9.4f}{diff:>+13.4f}{spread:>13.4f}")
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

@@ -5,6 +5,8 @@ generated odd MIDI files. Every odd file is built here, in code."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -291,3 +293,13 @@ def test_fuzz_subset_gives_a_result_or_one_line_error(run_cli, tiny_checkpoint, 
             outcomes[accepted[-1]] = outcomes.get(accepted[-1], 0) + 1
         assert accepted[0] == accepted[1], f"{name}: tokenize and continue read it differently"
     assert outcomes.get(True) and outcomes.get(False)  # both kinds occur: the subset is not all of one sort
+
+
+@pytest.mark.parametrize("script, option", [("music_metrics.py", "--pop-model"), ("copying.py", "--model")])
+def test_benchmark_scripts_end_a_user_error_in_one_line(script, option):
+    """The benchmark scripts that load a model end an unknown name as the CLI does: one line, exit 2."""
+    bench = Path(__file__).resolve().parents[1] / "benchmarks" / script
+    p = subprocess.run([sys.executable, str(bench), option, "no-such-model"], capture_output=True, text=True)
+    assert p.returncode == 2
+    assert p.stderr.strip().splitlines() == [
+        "error: unknown model 'no-such-model': not a file or folder, and not a shipped model (groove, pop-piano)"]
