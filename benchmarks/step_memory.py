@@ -4,7 +4,13 @@ in the backward pass under activation checkpointing), side by side: the process'
 during a step (Linux: VmHWM, reset after two warm-up steps), each mode in fresh processes,
 alternating. The other compiled regions are compiled in both.
 
+--saved: where a compiled step's memory goes instead: the tensors autograd keeps for the backward
+pass (each storage once, grouped by the spemusic function that saved it), and the process's RSS
+after importing torch, after building the model, after a first tiny step (the compiler's own
+memory) and at the peak of the measured step; fp32 or bf16.
+
     python benchmarks/step_memory.py [--seq-len 2048] [--batch-size 2] [--rounds 2]
+    python benchmarks/step_memory.py --saved [--precision fp32] [--batch-size 4]
 """
 
 from __future__ import annotations
@@ -46,13 +52,70 @@ def child(mode: str, seq_len: int, batch: int) -> None:
     print(f"{start:.0f} {status_mib('VmHWM:'):.0f}")
 
 
+def saved(seq_len: int, batch: int, precision: str) -> None:
+    import collections
+    import resource
+    import traceback
+
+    from spemusic import ModelConfig, Performer
+
+    def rss_mib() -> float:
+        return int(open("/proc/self/statm").read().split()[1]) * resource.getpagesize() / 2**20
+
+    torch.set_num_threads(2)
+    torch.manual_seed(0)
+    rows = [("torch imported", rss_mib())]
+    cfg = ModelConfig.preset("small", vocab_size=589, short_conv=24, max_len=seq_len)
+    model = Performer(cfg).train()
+    rows.append(("model built", rss_mib()))
+
+    def step(ids, keep=None):
+        with torch.autograd.graph.saved_tensors_hooks(keep or (lambda t: t), lambda t: t):
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
+                logits = model(ids[:, :-1])
+                loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
+        loss.backward()
+        model.zero_grad(set_to_none=True)
+
+    step(torch.randint(3, 589, (1, 257)))
+    rows.append(("after a first tiny step (compiled)", rss_mib()))
+    ids = torch.randint(3, 589, (batch, seq_len + 1))
+    step(ids), step(ids)
+    kept = {}
+
+    def keep(t):
+        where = [f for f in traceback.extract_stack()[:-1] if "spemusic" in f.filename]
+        kept.setdefault(t.untyped_storage().data_ptr(), (t.untyped_storage().nbytes(), where[-1].name if where else "?"))
+        return t
+
+    step(ids, keep)
+    rows.append(("peak (RSS high-water mark), after 4 steps", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024))
+    by_fn = collections.defaultdict(lambda: [0, 0])
+    for nbytes, fn in kept.values():
+        by_fn[fn][0] += nbytes
+        by_fn[fn][1] += 1
+    print(f"small preset, short conv 24, seq-len {seq_len}, batch {batch}, {precision}, 2 threads")
+    print("\ntensors kept for the backward pass, by the function that saved them (MiB, storages)")
+    for fn, (nbytes, n) in sorted(by_fn.items(), key=lambda kv: -kv[1][0]):
+        print(f"  {fn:<24} {nbytes / 2**20:8.1f} {n:5d}")
+    print(f"  {'all':<24} {sum(b for b, _ in kept.values()) / 2**20:8.1f} {len(kept):5d}")
+    print("\nprocess RSS, MiB")
+    for what, mib in rows:
+        print(f"  {what:<44} {mib:7.0f}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seq-len", type=int, default=2048)
     ap.add_argument("--batch-size", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--saved", action="store_true", help="where one step's memory goes (see above)")
+    ap.add_argument("--precision", choices=["fp32", "bf16"], default="fp32", help="with --saved")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.saved:
+        saved(args.seq_len, args.batch_size, args.precision)
+        return
     if args.child:
         child(args.child, args.seq_len, args.batch_size)
         return
