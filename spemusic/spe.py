@@ -176,8 +176,10 @@ class SineSPE(SPE):
         the filter returns the gradients of the frequencies and phases itself (SineFilter)."""
         f = self.frequencies().double().transpose(1, 2)  # (H, K, D): D innermost, for the filter
         pos = positions.to(device=f.device, dtype=torch.float64)[:, None, None, None]
-        base = 2 * math.pi * f * pos  # (T, H, K, D) float64
-        phq, phk = self._reduce(base + self.phases.double().transpose(1, 2)), self._reduce(base)
+        # (T, H, K, D) float64, reduced once (fmod: half remainder's time, and any value within a
+        # turn or two of 0 keeps fp32 exact); the query phases add their offsets after
+        base = torch.fmod(2 * math.pi * f * pos, 2 * math.pi)
+        phq, phk = (base + self.phases.double().transpose(1, 2)).float(), base.float()
         # (T, H, K, 2, D) -> views (T, H, D, 2K)
         return tuple(torch.stack((torch.cos(ph), torch.sin(ph)), -2).flatten(2, 3).transpose(2, 3)
                      for ph in (phq, phk))

@@ -368,6 +368,27 @@ def test_norm_linear_gradients_match_layer_norm_then_linear():
                 torch.testing.assert_close(a, b, **tol)
 
 
+def test_gelu_linear_gradients_match_gelu_then_linear():
+    """GeluLinear (training: gelu(u) recomputed in the backward pass) gives linear(gelu(u))'s
+    output and gradients, fp32 and under bf16 autocast."""
+    from spemusic.fused import GeluLinear
+
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(64, 24)
+    for dtype in (torch.float32, torch.bfloat16):
+        u = torch.randn(3, 50, 64, dtype=dtype, requires_grad=True)
+        g = torch.randn(3, 50, 24)
+        results = []
+        for fused in (True, False):
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
+                y = GeluLinear.apply(u, lin.weight, lin.bias) if fused else lin(torch.nn.functional.gelu(u))
+            assert y.dtype == dtype
+            results.append((y.detach(),) + torch.autograd.grad((y.float() * g).sum(), (u, lin.weight, lin.bias)))
+        tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-2)
+        for a, b in zip(*results):
+            torch.testing.assert_close(a, b, **tol)
+
+
 def test_sinespe_block_equals_per_position_far_away():
     torch.manual_seed(0)
     H, D, K, R = 2, 4, 5, 8
