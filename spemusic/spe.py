@@ -177,7 +177,7 @@ class SineSPE(SPE):
         f = self.frequencies().double().transpose(1, 2)  # (H, K, D): D innermost, for the filter
         pos = positions.to(device=f.device, dtype=torch.float64)[:, None, None, None]
         # (T, H, K, D) float64, reduced once (fmod: half remainder's time, and any value within a
-        # turn or two of 0 keeps fp32 exact); the query phases add their offsets after
+        # turn or two of 0 keeps fp32's precision); the query phases add their offsets after
         base = torch.fmod(2 * math.pi * f * pos, 2 * math.pi)
         phq, phk = (base + self.phases.double().transpose(1, 2)).float(), base.float()
         # (T, H, K, 2, D) -> views (T, H, D, 2K)
