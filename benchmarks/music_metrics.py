@@ -4,7 +4,9 @@
    (the POP909 valid songs' first bars) up to L tokens, vs the POP909 valid songs (re-barred by
    their beat annotations when the model was trained so; each cut to L tokens): the share of
    4/4 bars, silence, beats with an onset, notes per bar and per onset, H1, H4, GS, key
-   clarity, repetition, with the ratio and the goal of each; tracks per file; and with
+   clarity, repetition, with the ratio and the goal of each; how the silence and 4/4 means arise
+   from the pieces (lowest, median, highest; every piece's figures in --out's JSON, "per_piece");
+   tracks per file; and with
    chord tokens, how often a bar forced to a chord (--chords) has it as its best template match,
    next to the same figure for the real songs against their annotations.
 2. groove: continuations (4 per prompt) of 2-bar prompts taken from every Groove valid piece of at
@@ -53,8 +55,21 @@ def cut_to_bars(ids: np.ndarray, tok, max_tokens: int) -> np.ndarray:
 
 
 def mean_metrics(seqs, tok) -> dict:
-    rows = [summary(s, tok) for s in seqs]
+    return mean_of([summary(s, tok) for s in seqs])
+
+
+def mean_of(rows: list[dict]) -> dict:
     return {k: float(np.nanmean([r[k] for r in rows])) for k in rows[0]}
+
+
+def print_spread(title: str, rows: list[dict]) -> None:
+    """How a mean of few pieces arises: the pieces' silence and 4/4 share, lowest, median, highest,
+    and the three pieces farthest on the side of the goal (most silence, fewest 4/4 bars)."""
+    for k, worst in (("silence", "largest"), ("bars_4_4", "smallest")):
+        v = np.sort([r[k] for r in rows])
+        three = v[-3:][::-1] if worst == "largest" else v[:3]
+        print(f"  {title} {k} per piece: min {v[0]:.3f}, median {np.median(v):.3f}, max {v[-1]:.3f}; "
+              f"{worst} three {', '.join(f'{x:.3f}' for x in three)}")
 
 
 def main() -> None:
@@ -166,7 +181,9 @@ def pop_piano(args, opts) -> dict:
                      options=opts).ids[0]
         continued.append(drop_bars(out, tok, 4))
     wall = time.perf_counter() - t0
-    gen_m, cont_m, real_m = mean_metrics(generated, tok), mean_metrics(continued, tok), mean_metrics(real, tok)
+    gen_rows, cont_rows = ([{k: float(v) for k, v in summary(s, tok).items()} for s in seqs]
+                           for seqs in (generated, continued))
+    gen_m, cont_m, real_m = mean_of(gen_rows), mean_of(cont_rows), mean_metrics(real, tok)
     print(f"pop-piano ({args.pop_model}): {len(generated)} pieces of {args.length} tokens from scratch and "
           f"{len(continued)} continuations of 4-bar prompts (POP909 valid) up to {args.length} tokens "
           f"({wall:.0f} s), top-p {opts.top_p}, bar top-p {opts.bar_top_p}, onset top-p {opts.onset_top_p}, "
@@ -176,13 +193,16 @@ def pop_piano(args, opts) -> dict:
           f"songs{' re-barred by their beat annotations' if annotated else ''}, first {args.length} tokens")
     print_table("\nfrom scratch", {"generated": gen_m, "real": real_m})
     print_table("\ncontinuations (new bars only)", {"continued": cont_m, "real": real_m})
+    print()
+    print_spread("from scratch,", gen_rows)
+    print_spread("continued,", cont_rows)
     # tracks: what a DAW shows (overlapping same-pitch notes end the earlier one)
     tracks = [len(tok.decode(s).instruments) for s in generated + continued]
     print(f"\ntracks per generated file: {np.mean(tracks):.2f} (max {max(tracks)})")
     result = {"model": str(args.pop_model), "generated": gen_m, "continued": cont_m, "real": real_m,
               "tracks_max": int(max(tracks)), "top_p": opts.top_p, "bar_top_p": opts.bar_top_p, "temperature": opts.temperature,
               "onset_top_p": opts.onset_top_p, "repeat": opts.repeat, "hole_penalty": opts.hole_penalty,
-              "stacking": opts.stacking}
+              "stacking": opts.stacking, "per_piece": {"generated": gen_rows, "continued": cont_rows}}
     if annotated:
         hits = counted = 0
         for s in real:
