@@ -54,8 +54,13 @@ def cut_to_bars(ids: np.ndarray, tok, max_tokens: int) -> np.ndarray:
     return np.concatenate([ids, [tok.eos_id]])
 
 
+def piece_metrics(seqs, tok) -> list[dict]:
+    """spemusic.metrics.summary of each piece, as plain floats (for the JSON)."""
+    return [{k: float(v) for k, v in summary(s, tok).items()} for s in seqs]
+
+
 def mean_metrics(seqs, tok) -> dict:
-    return mean_of([summary(s, tok) for s in seqs])
+    return mean_of(piece_metrics(seqs, tok))
 
 
 def mean_of(rows: list[dict]) -> dict:
@@ -181,8 +186,7 @@ def pop_piano(args, opts) -> dict:
                      options=opts).ids[0]
         continued.append(drop_bars(out, tok, 4))
     wall = time.perf_counter() - t0
-    gen_rows, cont_rows = ([{k: float(v) for k, v in summary(s, tok).items()} for s in seqs]
-                           for seqs in (generated, continued))
+    gen_rows, cont_rows = piece_metrics(generated, tok), piece_metrics(continued, tok)
     gen_m, cont_m, real_m = mean_of(gen_rows), mean_of(cont_rows), mean_metrics(real, tok)
     print(f"pop-piano ({args.pop_model}): {len(generated)} pieces of {args.length} tokens from scratch and "
           f"{len(continued)} continuations of 4-bar prompts (POP909 valid) up to {args.length} tokens "

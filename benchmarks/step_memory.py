@@ -16,11 +16,24 @@ memory) and at the peak of the measured step; fp32 or bf16.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import subprocess
 import sys
 
 import torch
 import torch.nn.functional as F
+
+
+def train_step(model, ids: torch.Tensor, precision: str, pack=None) -> None:
+    """Forward, loss and backward (no optimizer: memory is the point); `pack` sees each tensor
+    autograd keeps for the backward pass."""
+    hooks = torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t) if pack else contextlib.nullcontext()
+    with hooks:
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
+            logits = model(ids[:, :-1])
+            loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
+    loss.backward()
+    model.zero_grad(set_to_none=True)
 
 
 def child(mode: str, seq_len: int, batch: int) -> None:
@@ -35,11 +48,7 @@ def child(mode: str, seq_len: int, batch: int) -> None:
     M.compiled_unavailable = (lambda: None) if mode == "compiled" else (lambda: "eager, as asked")
 
     def step():
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            logits = model(ids[:, :-1])
-            loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
-        loss.backward()
-        model.zero_grad(set_to_none=True)
+        train_step(model, ids, "bf16")
 
     def status_mib(key: str) -> float:
         return next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith(key)) / 1024
@@ -69,18 +78,10 @@ def saved(seq_len: int, batch: int, precision: str) -> None:
     model = Performer(cfg).train()
     rows.append(("model built", rss_mib()))
 
-    def step(ids, keep=None):
-        with torch.autograd.graph.saved_tensors_hooks(keep or (lambda t: t), lambda t: t):
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
-                logits = model(ids[:, :-1])
-                loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
-        loss.backward()
-        model.zero_grad(set_to_none=True)
-
-    step(torch.randint(3, 589, (1, 257)))
+    train_step(model, torch.randint(3, 589, (1, 257)), precision)
     rows.append(("after a first tiny step (compiled)", rss_mib()))
     ids = torch.randint(3, 589, (batch, seq_len + 1))
-    step(ids), step(ids)
+    train_step(model, ids, precision), train_step(model, ids, precision)
     kept = {}
 
     def keep(t):
@@ -88,7 +89,7 @@ def saved(seq_len: int, batch: int, precision: str) -> None:
         kept.setdefault(t.untyped_storage().data_ptr(), (t.untyped_storage().nbytes(), where[-1].name if where else "?"))
         return t
 
-    step(ids, keep)
+    train_step(model, ids, precision, keep)
     rows.append(("peak (RSS high-water mark), after 4 steps", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024))
     by_fn = collections.defaultdict(lambda: [0, 0])
     for nbytes, fn in kept.values():
