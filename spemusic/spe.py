@@ -164,8 +164,8 @@ class SineSPE(SPE):
 
     @staticmethod
     def _reduce(ph: torch.Tensor) -> torch.Tensor:
-        """float64 phases modulo 2π, as fp32: positions like 100,000 stay exact to fp32 precision
-        whatever the call layout (block or one at a time)."""
+        """float64 phases modulo 2π, as fp32, for one position at a time (code_at): positions like
+        100,000 stay exact to fp32 precision, as in the block path (features, which reduces with fmod)."""
         return torch.remainder(ph, 2 * math.pi).float()
 
     @torch.no_grad()
