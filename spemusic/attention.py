@@ -27,6 +27,8 @@ import math
 import torch
 import torch.nn.functional as F
 
+from spemusic.compiled import compiled
+
 __all__ = [
     "orthogonal_features",
     "favor_query",
@@ -34,6 +36,7 @@ __all__ = [
     "favor_key_constants",
     "chunked_linear_attention",
     "favor_attention",
+    "favor_attention_training",
     "linear_attention_step",
     "linear_attention_reference",
     "KVCache",
@@ -153,6 +156,100 @@ def favor_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, omega: to
     exponentials and the chunk products' masks, sums and casts fuse."""
     return chunked_linear_attention(favor_query(q.float(), omega), favor_key(k.float(), omega, scale2), v,
                                     chunk_size, mm_dtype=mm_dtype)
+
+
+class _FavorAttention(torch.autograd.Function):
+    """favor_attention with a hand-written backward pass that keeps less for it: φ(q̂) and φ(k̂) in
+    the products' dtype, k̂ (for its norm's gradient), the denominators, and v and the output, which
+    the layer keeps anyway (v inside the q̂k̂v projection the SPE filter keeps, o in the layout the
+    output projection reads and keeps). The masked chunk products and the chunks' prefix states are
+    recomputed (two batched products per layer). Autograd's own backward kept those and more: the
+    step kept 1,141 MiB for the backward pass at batch 4 × 2,048 in fp32, now 898, at the same
+    speed (benchmarks/step_memory.py --saved, train_throughput.py). Each pass is one compiled
+    region (spemusic.compiled) where inductor is available."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, omega, scale2, chunk_size, mm_dtype, out_dtype):
+        mm = mm_dtype or torch.float32
+        o, qf, kf, den = compiled(_favor_forward)(q, k, v, omega, scale2, chunk_size, mm, out_dtype)
+        ctx.save_for_backward(k, v, omega, qf, kf, den, o)
+        ctx.scale2, ctx.chunk_size, ctx.mm, ctx.q_dtype = scale2, chunk_size, mm, q.dtype
+        return o
+
+    @staticmethod
+    def backward(ctx, grad):
+        k, v, omega, qf, kf, den, o = ctx.saved_tensors
+        gq, gk, gv = compiled(_favor_backward)(grad.transpose(1, 2), k, v, omega, qf, kf, den, o, ctx.scale2,
+                                               ctx.chunk_size, ctx.mm)
+        return gq.to(ctx.q_dtype), gk.to(k.dtype), gv.to(v.dtype), None, None, None, None, None
+
+
+def favor_attention_training(q, k, v, omega, scale2: float, chunk_size: int, mm_dtype=None,
+                             out_dtype=torch.float32) -> torch.Tensor:
+    """favor_attention (q, k, v (B, H, T, .) -> o (B, H, T, Dv) in out_dtype) for the training step:
+    the same function and gradients, in less memory (_FavorAttention). o is a view of a
+    (B, T, H, Dv) tensor, so the heads' concatenation before the output projection copies nothing.
+    omega gets no gradient (FAVOR+'s features are fixed)."""
+    return _FavorAttention.apply(q, k, v, omega, scale2, chunk_size, mm_dtype, out_dtype).transpose(1, 2)
+
+
+def _chunks(x: torch.Tensor, C: int) -> torch.Tensor:
+    """(B, H, T, m) -> (B, H, N, C, m), zero-padded to N·C positions."""
+    B, H, T, m = x.shape
+    N = -(-T // C)
+    return F.pad(x, (0, 0, 0, N * C - T)).view(B, H, N, C, m)
+
+
+def _chunk_prefix_states(kf, vv):
+    """The state of the chunks before each chunk, Σ_{c' < c} kf_c'ᵀ vv_c' (B, H, N, M, Dv+1), in fp32."""
+    cum = (kf.transpose(-1, -2) @ vv).float().cumsum(2)
+    return torch.cat((torch.zeros_like(cum[:, :, :1]), cum[:, :, :-1]), 2)
+
+
+def _favor_forward(q, k, v, omega, scale2, chunk_size, mm, out_dtype):
+    """chunked_linear_attention(φ(q), φ(k), v) (as favor_attention), returning what the backward
+    pass needs: o (B, T, H, Dv), φ(q̂), φ(k̂) chunked in mm, o's denominators."""
+    T, Dv = q.shape[2], v.shape[-1]
+    C = max(1, min(chunk_size, T))
+    qf = _chunks(favor_query(q.float(), omega), C).to(mm)
+    kf = _chunks(favor_key(k.float(), omega, scale2), C).to(mm)
+    vv = _chunks(_ones_col(v.to(mm)), C)
+    mask = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()
+    out = ((qf @ kf.transpose(-1, -2)).masked_fill(~mask, 0.0) @ vv).float()
+    out = (out + (qf @ _chunk_prefix_states(kf, vv).to(mm)).float()).flatten(2, 3)[:, :, :T]
+    den = out[..., Dv:] + EPS
+    o = (out[..., :Dv] / den).transpose(1, 2).contiguous().to(out_dtype)
+    return o, qf, kf, den
+
+
+def _favor_backward(grad, k, v, omega, qf, kf, den, o, scale2, chunk_size, mm):
+    """Gradients of _favor_forward's o with respect to q, k, v, given grad (B, H, T, Dv)."""
+    T, Dv = k.shape[2], v.shape[-1]
+    C = qf.shape[3]
+    g = grad.float()
+    o = o.transpose(1, 2).float()
+    # o = num / den: d num = g / den; d den = -Σ g·o / den (den is num's last column + EPS)
+    gnum = _chunks(torch.cat((g, -(g * o).sum(-1, keepdim=True)), -1) / den, C).to(mm)
+    vv = _chunks(_ones_col(v.to(mm)), C)
+    mask = torch.ones(C, C, dtype=torch.bool, device=k.device).tril()
+    a = (qf @ kf.transpose(-1, -2)).masked_fill(~mask, 0.0)  # recomputed, not kept
+    prev = _chunk_prefix_states(kf, vv).to(mm)  # likewise
+    ga = (gnum @ vv.transpose(-1, -2)).masked_fill(~mask, 0.0)
+    gprev = (qf.transpose(-1, -2) @ gnum).float()
+    # prev_c = Σ_{c' < c} S_c', so dS_c = Σ_{c' > c} dprev_c'
+    rev = gprev.flip(2).cumsum(2).flip(2)
+    gstate = torch.cat((rev[:, :, 1:], torch.zeros_like(rev[:, :, :1])), 2).to(mm)
+    gqf = (ga @ kf).float() + (gnum @ prev.transpose(-1, -2)).float()
+    gkf = (ga.transpose(-1, -2) @ qf).float() + (vv @ gstate.transpose(-1, -2)).float()
+    gvv = (a.transpose(-1, -2) @ gnum).float() + (kf @ gstate).float()
+    B, H, N, _, M = qf.shape
+    # through φ: d exp(p) = exp(p) dφ, then p = x ωᵀ (minus, for keys, scale2/2 |k|², whose gradient is -scale2 k)
+    gpq = (gqf * qf.float()).view(B, H, N * C, M)[:, :, :T]
+    gpk = (gkf * kf.float()).view(B, H, N * C, M)[:, :, :T]
+    gq = gpq @ omega
+    gk = gpk @ omega - scale2 * k.float() * gpk.sum(-1, keepdim=True)
+    gv = gvv.flatten(2, 3)[:, :, :T, :Dv]
+    return gq, gk, gv
 
 
 def linear_attention_step(qf: torch.Tensor, kf: torch.Tensor, v: torch.Tensor, state: torch.Tensor, eps: float = EPS):

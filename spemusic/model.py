@@ -31,7 +31,7 @@ from torch import nn
 from spemusic.attention import (
     KVCache,
     chunked_linear_attention,
-    favor_attention,
+    favor_attention_training,
     favor_key,
     favor_query,
     linear_attention_step,
@@ -208,9 +208,11 @@ class Attention(nn.Module):
                 training = self.training and torch.is_grad_enabled() and not want_state
                 # under autocast the chunk products run in its dtype (the state sums stay fp32)
                 if training and compiled_unavailable() is None:
-                    # φ and the chunk products fused by inductor: faster than eager's checkpointed
-                    # path (benchmarks/profile_step.py), in no more memory (benchmarks/step_memory.py)
-                    res = compiled(favor_attention)(q, k, v, om, self.dk ** -0.5, self.cfg.chunk_size, mm_dtype)
+                    # φ and the chunk products fused by inductor, with a backward pass that recomputes
+                    # the chunk products: faster than eager's checkpointed path
+                    # (benchmarks/profile_step.py), in no more memory (benchmarks/step_memory.py)
+                    res = favor_attention_training(q, k, v, om, self.dk ** -0.5, self.cfg.chunk_size, mm_dtype,
+                                                   v.dtype)
                 else:
                     qf, kf = favor_query(q.float(), om), favor_key(k.float(), om, self.dk ** -0.5)
                     if training:  # keep only φ(q̂), φ(k̂), v for the backward pass: the chunk products are recomputed

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from spemusic import compiled
-from spemusic.attention import chunked_linear_attention, favor_attention
+from spemusic.attention import chunked_linear_attention, favor_attention, favor_attention_training
 from spemusic.model import short_conv
 
 
@@ -29,25 +29,36 @@ def test_compiled_short_conv_equals_the_plain_one(compiling):
         torch.testing.assert_close(a, b)
 
 
-@pytest.mark.parametrize("mm_dtype", [None, torch.bfloat16])
-def test_compiled_favor_attention_equals_the_plain_one(compiling, mm_dtype):
-    """φ and the chunked attention as one compiled region (the training step's): the same output
-    and gradients as the eager functions, in fp32 and with bf16 chunk products."""
+def _favor_training_against_autograd(mm_dtype, T):
+    """The training step's FAVOR+ attention (its own backward pass) against favor_attention under
+    autograd: the same output and gradients, in fp32 and with bf16 chunk products."""
     torch.manual_seed(0)
-    B, H, T, dk, M = 2, 3, 100, 8, 16
+    B, H, dk, Dv, M = 2, 3, 8, 6, 16
     q, k = torch.randn(B, H, T, dk, requires_grad=True), torch.randn(B, H, T, dk, requires_grad=True)
-    v = torch.randn(B, H, T, dk, requires_grad=True)
+    v = torch.randn(B, H, T, Dv, requires_grad=True)
     omega = torch.randn(M, dk) * dk ** -0.25
-    g = torch.randn(B, H, T, dk)
+    g = torch.randn(B, H, T, Dv)
     plain = favor_attention(q, k, v, omega, dk ** -0.5, 32, mm_dtype)
     plain_grads = torch.autograd.grad((plain * g).sum(), (q, k, v))
-    fast = compiled.compiled(favor_attention)(q, k, v, omega, dk ** -0.5, 32, mm_dtype)
+    fast = favor_attention_training(q, k, v, omega, dk ** -0.5, 32, mm_dtype)
+    assert fast.transpose(1, 2).is_contiguous()  # the heads' concatenation is a view
     fast_grads = torch.autograd.grad((fast * g).sum(), (q, k, v))
-    assert compiled.unavailable() is None
     tol = {} if mm_dtype is None else dict(rtol=2e-2, atol=2e-2)
     torch.testing.assert_close(fast, plain, **tol)
     for a, b in zip(fast_grads, plain_grads):
         torch.testing.assert_close(a, b, **tol)
+
+
+@pytest.mark.parametrize("mm_dtype", [None, torch.bfloat16])
+@pytest.mark.parametrize("T", [96, 100])  # whole chunks, and a padded last chunk
+def test_compiled_favor_attention_equals_the_plain_one(compiling, mm_dtype, T):
+    _favor_training_against_autograd(mm_dtype, T)
+    assert compiled.unavailable() is None  # it really ran compiled, not the fallback
+
+
+@pytest.mark.parametrize("mm_dtype", [None, torch.bfloat16])
+def test_uncompiled_favor_attention_training_equals_the_plain_one(mm_dtype):
+    _favor_training_against_autograd(mm_dtype, 100)
 
 
 def test_a_failed_compile_runs_uncompiled_and_says_so_once(compiling):
@@ -83,3 +94,28 @@ def test_bf16_chunk_products_keep_the_attention_state_fp32():
     torch.testing.assert_close(o16, o32, rtol=0, atol=2e-2)
     # bf16 inputs (8-bit mantissas) to sums of 200 terms: within 2% of the state's scale
     torch.testing.assert_close(s16, s32, rtol=0, atol=0.02 * float(s32.abs().max()))
+
+
+def test_a_compiled_training_step_has_the_uncompiled_gradients(compiling):
+    """The whole model's training step, its regions compiled (FAVOR+ with its own backward pass),
+    against the same step with compiling off (eager, FAVOR+ under activation checkpointing)."""
+    import torch._dynamo
+
+    from spemusic import ModelConfig, Performer
+
+    def gradients():
+        torch.manual_seed(0)  # the same weights and the same SPE draw in both
+        model = Performer(ModelConfig.preset("tiny", vocab_size=40, short_conv=4, chunk_size=16)).train()
+        ids = torch.randint(0, 40, (2, 71))
+        logits = model(ids[:, :-1])
+        torch.nn.functional.cross_entropy(logits.reshape(-1, 40), ids[:, 1:].reshape(-1)).backward()
+        return {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+
+    fast = gradients()
+    assert compiled.unavailable() is None
+    with torch._dynamo.config.patch(disable=True):
+        assert compiled.unavailable() is not None
+        plain = gradients()
+    assert fast.keys() == plain.keys() and len(fast) > 10
+    for name in fast:
+        torch.testing.assert_close(fast[name], plain[name], rtol=1e-4, atol=1e-5, msg=name)
