@@ -164,7 +164,7 @@ class _FavorAttention(torch.autograd.Function):
     the layer keeps anyway (v inside the q̂k̂v projection the SPE filter keeps, o in the layout the
     output projection reads and keeps). The masked chunk products and the chunks' prefix states are
     recomputed (two batched products per layer). Autograd's own backward kept those and more: the
-    step kept 1,141 MiB for the backward pass at batch 4 × 2,048 in fp32, now 898, at the same
+    step kept 1,148 MiB for the backward pass at batch 4 × 2,048 in fp32, now 905, at the same
     speed (benchmarks/step_memory.py --saved, train_throughput.py). Each pass is one compiled
     region (spemusic.compiled) where inductor is available."""
 
