@@ -37,7 +37,7 @@ from spemusic.attention import (
     linear_attention_step,
     orthogonal_features,
 )
-from spemusic.compiled import compiled, unavailable as compiled_unavailable
+from spemusic.compiled import compiled
 from spemusic.errors import SpemusicError
 from spemusic.fused import gelu_linear, norm_linear
 from spemusic.options import (  # noqa: F401  (re-exported: the configs' choices)
@@ -207,21 +207,15 @@ class Attention(nn.Module):
                 om = self.scaled_omega()
                 training = self.training and torch.is_grad_enabled() and not want_state
                 # under autocast the chunk products run in its dtype (the state sums stay fp32)
-                if training and compiled_unavailable() is None:
-                    # φ and the chunk products fused by inductor, with a backward pass that recomputes
-                    # the chunk products: faster than eager's checkpointed path
-                    # (benchmarks/profile_step.py), in no more memory (benchmarks/step_memory.py)
+                if training:
+                    # φ and the chunk products (one compiled region where inductor is available), with
+                    # a backward pass that recomputes the chunk products instead of keeping them
                     res = favor_attention_training(q, k, v, om, self.dk ** -0.5, self.cfg.chunk_size, mm_dtype,
                                                    v.dtype)
                 else:
                     qf, kf = favor_query(q.float(), om), favor_key(k.float(), om, self.dk ** -0.5)
-                    if training:  # keep only φ(q̂), φ(k̂), v for the backward pass: the chunk products are recomputed
-                        res = torch.utils.checkpoint.checkpoint(chunked_linear_attention, qf, kf, v,
-                                                                self.cfg.chunk_size, mm_dtype=mm_dtype,
-                                                                use_reentrant=False)
-                    else:
-                        res = chunked_linear_attention(qf, kf, v, self.cfg.chunk_size, state=state,
-                                                       return_state=want_state)
+                    res = chunked_linear_attention(qf, kf, v, self.cfg.chunk_size, state=state,
+                                                   return_state=want_state)
             if want_state:
                 o, st = res
             else:
