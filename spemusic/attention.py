@@ -151,36 +151,41 @@ def chunked_linear_attention(
 def favor_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, omega: torch.Tensor, scale2: float,
                     chunk_size: int, mm_dtype: torch.dtype | None = None) -> torch.Tensor:
     """FAVOR+ causal attention of q, k (B, H, T, dk) and v: φ(q), φ(k) in fp32, then the chunked
-    linear attention (omega and scale2 as for favor_query / favor_key). The training step runs it
-    as one compiled region (spemusic.compiled), where q's and k's casts to fp32, the features'
-    exponentials and the chunk products' masks, sums and casts fuse."""
+    linear attention (omega and scale2 as for favor_query / favor_key). The training step computes
+    the same with favor_attention_training (its own backward pass); this is its reference."""
     return chunked_linear_attention(favor_query(q.float(), omega), favor_key(k.float(), omega, scale2), v,
                                     chunk_size, mm_dtype=mm_dtype)
 
 
 class _FavorAttention(torch.autograd.Function):
     """favor_attention with a hand-written backward pass that keeps less for it: φ(q̂) and φ(k̂) in
-    the products' dtype, k̂ (for its norm's gradient), the denominators, and v and the output, which
-    the layer keeps anyway (v inside the q̂k̂v projection the SPE filter keeps, o in the layout the
-    output projection reads and keeps). The masked chunk products and the chunks' prefix states are
-    recomputed (two batched products per layer). Autograd's own backward kept those and more: the
+    the products' dtype, k̂ (for its norm's gradient), the denominators, v and the output. With an
+    SPE filter v costs nothing (a view of the qkv projection, which the filter keeps), and o is
+    written in the layout the output projection reads and keeps (in out_dtype: under bf16 the
+    denominators' gradient uses the bf16 o, as the products use bf16 inputs). The masked chunk
+    products and the chunks' prefix states are recomputed (two batched products per layer).
+    Autograd's own backward kept those and more: the
     step kept 1,148 MiB for the backward pass at batch 4 × 2,048 in fp32, now 905, at the same
     speed (benchmarks/step_memory.py --saved, train_throughput.py). Each pass is one compiled
-    region (spemusic.compiled) where inductor is available."""
+    region (spemusic.compiled) where inductor is available, and runs with autocast off (the
+    trainer's backward pass runs under it): the products' dtype is mm_dtype, everything else fp32."""
 
     @staticmethod
     def forward(ctx, q, k, v, omega, scale2, chunk_size, mm_dtype, out_dtype):
         mm = mm_dtype or torch.float32
-        o, qf, kf, den = compiled(_favor_forward)(q, k, v, omega, scale2, chunk_size, mm, out_dtype)
+        with torch.autocast(q.device.type, enabled=False):
+            o, qf, kf, den = compiled(_favor_forward)(q, k, v, omega, scale2, chunk_size, mm, out_dtype)
         ctx.save_for_backward(k, v, omega, qf, kf, den, o)
         ctx.scale2, ctx.chunk_size, ctx.mm, ctx.q_dtype = scale2, chunk_size, mm, q.dtype
         return o
 
     @staticmethod
+    @torch.autograd.function.once_differentiable  # (the saved φ carry no graph back to q and k)
     def backward(ctx, grad):
         k, v, omega, qf, kf, den, o = ctx.saved_tensors
-        gq, gk, gv = compiled(_favor_backward)(grad.transpose(1, 2), k, v, omega, qf, kf, den, o, ctx.scale2,
-                                               ctx.chunk_size, ctx.mm)
+        with torch.autocast(k.device.type, enabled=False):
+            gq, gk, gv = compiled(_favor_backward)(grad.transpose(1, 2), k, v, omega, qf, kf, den, o, ctx.scale2,
+                                                   ctx.chunk_size, ctx.mm)
         return gq.to(ctx.q_dtype), gk.to(k.dtype), gv.to(v.dtype), None, None, None, None, None
 
 

@@ -3,7 +3,7 @@
 Eager PyTorch runs a chain of broadcast products and sums as one kernel per operation, each
 writing and reading a temporary as large as its input; inductor fuses such a chain into one loop.
 Only regions with fixed shapes in training are compiled (the sineSPE filter's tile products,
-FAVOR+'s features with the chunked attention, the short convolution): each compiles in seconds
+FAVOR+'s features with the chunked attention and its backward pass, the short convolution): each compiles in seconds
 once per shape, and inductor's on-disk cache keeps the result for later runs, where compiling the
 whole model took minutes per run.
 

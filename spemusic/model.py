@@ -208,8 +208,8 @@ class Attention(nn.Module):
                 training = self.training and torch.is_grad_enabled() and not want_state
                 # under autocast the chunk products run in its dtype (the state sums stay fp32)
                 if training:
-                    # φ and the chunk products (one compiled region where inductor is available), with
-                    # a backward pass that recomputes the chunk products instead of keeping them
+                    # φ and the chunk products (compiled regions where inductor is available), with a
+                    # backward pass that recomputes the chunk products instead of keeping them
                     res = favor_attention_training(q, k, v, om, self.dk ** -0.5, self.cfg.chunk_size, mm_dtype,
                                                    v.dtype)
                 else:

@@ -29,7 +29,7 @@ def test_compiled_short_conv_equals_the_plain_one(compiling):
         torch.testing.assert_close(a, b)
 
 
-def _favor_training_against_autograd(mm_dtype, T):
+def _favor_training_against_autograd(mm_dtype, T, out_dtype=torch.float32, backward_autocast=False):
     """The training step's FAVOR+ attention (its own backward pass) against favor_attention under
     autograd: the same output and gradients, in fp32 and with bf16 chunk products."""
     torch.manual_seed(0)
@@ -38,19 +38,21 @@ def _favor_training_against_autograd(mm_dtype, T):
     v = torch.randn(B, H, T, Dv, requires_grad=True)
     omega = torch.randn(M, dk) * dk ** -0.25
     g = torch.randn(B, H, T, Dv)
-    plain = favor_attention(q, k, v, omega, dk ** -0.5, 32, mm_dtype)
-    plain_grads = torch.autograd.grad((plain * g).sum(), (q, k, v))
-    fast = favor_attention_training(q, k, v, omega, dk ** -0.5, 32, mm_dtype)
-    assert fast.transpose(1, 2).is_contiguous()  # the heads' concatenation is a view
-    fast_grads = torch.autograd.grad((fast * g).sum(), (q, k, v))
-    tol = {} if mm_dtype is None else dict(rtol=2e-2, atol=2e-2)
+    plain = favor_attention(q, k, v, omega, dk ** -0.5, 32, mm_dtype).to(out_dtype)
+    plain_grads = torch.autograd.grad((plain.float() * g).sum(), (q, k, v))
+    fast = favor_attention_training(q, k, v, omega, dk ** -0.5, 32, mm_dtype, out_dtype)
+    assert fast.dtype == out_dtype and fast.transpose(1, 2).is_contiguous()  # the heads' concatenation: a view
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=backward_autocast):  # as the trainer calls it
+        fast_grads = torch.autograd.grad((fast.float() * g).sum(), (q, k, v))
+    tol = {} if mm_dtype is None else dict(rtol=2e-2, atol=2e-2 if out_dtype == torch.float32 else 5e-2)
     torch.testing.assert_close(fast, plain, **tol)
     for a, b in zip(fast_grads, plain_grads):
+        assert a.dtype == torch.float32
         torch.testing.assert_close(a, b, **tol)
 
 
 @pytest.mark.parametrize("mm_dtype", [None, torch.bfloat16])
-@pytest.mark.parametrize("T", [96, 100])  # whole chunks, and a padded last chunk
+@pytest.mark.parametrize("T", [96, 100, 20, 1])  # whole chunks of 32, a padded last one, less than a chunk
 def test_compiled_favor_attention_equals_the_plain_one(compiling, mm_dtype, T):
     _favor_training_against_autograd(mm_dtype, T)
     assert compiled.unavailable() is None  # it really ran compiled, not the fallback
@@ -59,6 +61,13 @@ def test_compiled_favor_attention_equals_the_plain_one(compiling, mm_dtype, T):
 @pytest.mark.parametrize("mm_dtype", [None, torch.bfloat16])
 def test_uncompiled_favor_attention_training_equals_the_plain_one(mm_dtype):
     _favor_training_against_autograd(mm_dtype, 100)
+
+
+def test_favor_attention_training_in_bf16_and_under_autocast(compiling):
+    """Its output in bf16 (what the output projection reads under autocast), and its backward pass
+    under autocast (the trainer's) still fp32 where the products' dtype is fp32."""
+    _favor_training_against_autograd(torch.bfloat16, 100, out_dtype=torch.bfloat16)
+    _favor_training_against_autograd(None, 100, backward_autocast=True)
 
 
 def test_a_failed_compile_runs_uncompiled_and_says_so_once(compiling):
@@ -96,11 +105,12 @@ def test_bf16_chunk_products_keep_the_attention_state_fp32():
     torch.testing.assert_close(s16, s32, rtol=0, atol=0.02 * float(s32.abs().max()))
 
 
-def test_a_compiled_training_step_has_the_uncompiled_gradients(compiling):
-    """The whole model's training step, its regions compiled (FAVOR+ with its own backward pass),
-    against the same step with compiling off (eager, FAVOR+ under activation checkpointing)."""
+def test_a_compiled_training_step_has_autograds_gradients(compiling, monkeypatch):
+    """The whole model's training step, its regions compiled and FAVOR+ with its own backward pass,
+    against the same step uncompiled with FAVOR+ differentiated by autograd (favor_attention)."""
     import torch._dynamo
 
+    import spemusic.model
     from spemusic import ModelConfig, Performer
 
     def gradients():
@@ -113,6 +123,8 @@ def test_a_compiled_training_step_has_the_uncompiled_gradients(compiling):
 
     fast = gradients()
     assert compiled.unavailable() is None
+    monkeypatch.setattr(spemusic.model, "favor_attention_training",
+                        lambda q, k, v, om, scale2, C, mm, out: favor_attention(q, k, v, om, scale2, C, mm).to(out))
     with torch._dynamo.config.patch(disable=True):
         assert compiled.unavailable() is not None
         plain = gradients()
