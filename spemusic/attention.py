@@ -90,6 +90,34 @@ def _ones_col(v: torch.Tensor) -> torch.Tensor:
     return F.pad(v, (0, 1), value=1.0)
 
 
+def _chunks(x: torch.Tensor, C: int) -> torch.Tensor:
+    """(B, H, T, m) -> (B, H, N, C, m), zero-padded to N·C positions."""
+    B, H, T, m = x.shape
+    N = -(-T // C)
+    return F.pad(x, (0, 0, 0, N * C - T)).view(B, H, N, C, m)
+
+
+def _causal_mask(C: int, device) -> torch.Tensor:
+    return torch.ones(C, C, dtype=torch.bool, device=device).tril()
+
+
+def _before_each_chunk(cum: torch.Tensor) -> torch.Tensor:
+    """Running sums over chunks (dim 2) -> the sums of the chunks before each one (exclusive)."""
+    return torch.cat((torch.zeros_like(cum[:, :, :1]), cum[:, :, :-1]), 2)
+
+
+def _chunk_prefix_states(kf, vv):
+    """The state of the chunks before each chunk, Σ_{c' < c} kf_c'ᵀ vv_c' (B, H, N, M, Dv+1), in fp32."""
+    return _before_each_chunk((kf.transpose(-1, -2) @ vv).float().cumsum(2))
+
+
+def _chunk_outputs(q, k, vv, prev):
+    """Every position's [numerator, denominator] (B, H, N·C, Dv+1) in fp32: the masked product inside
+    its chunk plus the chunks before it (prev, in the products' dtype)."""
+    a = (q @ k.transpose(-1, -2)).masked_fill(~_causal_mask(q.shape[3], q.device), 0.0)
+    return ((a @ vv).float() + (q @ prev).float()).flatten(2, 3)
+
+
 def chunked_linear_attention(
     qf: torch.Tensor,
     kf: torch.Tensor,
@@ -114,31 +142,15 @@ def chunked_linear_attention(
     """
     mm = mm_dtype or torch.float32
     with torch.autocast(device_type=qf.device.type, enabled=False):
-        qf, kf, v = qf.to(mm), kf.to(mm), v.to(mm)
-        B, H, T, M = qf.shape
-        Dv = v.shape[-1]
+        T, Dv = qf.shape[2], v.shape[-1]
         C = max(1, min(chunk_size, T))
-        N = -(-T // C)
-        pad = N * C - T
-        v1 = _ones_col(v)
-        if pad:
-            # padded keys are zero features: no contribution anywhere (incl. final state)
-            qf = F.pad(qf, (0, 0, 0, pad))
-            kf = F.pad(kf, (0, 0, 0, pad))
-            v1 = F.pad(v1, (0, 0, 0, pad))
-        q = qf.view(B, H, N, C, M)
-        k = kf.view(B, H, N, C, M)
-        vv = v1.view(B, H, N, C, Dv + 1)
-        mask = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()
-        a = (q @ k.transpose(-1, -2)).masked_fill(~mask, 0.0)
-        out = (a @ vv).float()  # intra-chunk
-        chunk_states = (k.transpose(-1, -2) @ vv).float()  # (B, H, N, M, Dv+1)
-        cum = chunk_states.cumsum(2)
-        prev = torch.cat((torch.zeros_like(cum[:, :, :1]), cum[:, :, :-1]), 2)
+        # padded keys are zero features: no contribution anywhere (incl. final state)
+        q, k, vv = _chunks(qf.to(mm), C), _chunks(kf.to(mm), C), _chunks(_ones_col(v.to(mm)), C)
+        cum = (k.transpose(-1, -2) @ vv).float().cumsum(2)  # the chunk states' running sums
+        prev = _before_each_chunk(cum)
         if state is not None:
             prev = prev + state[:, :, None].float()
-        out = out + (q @ prev.to(mm)).float()  # inter-chunk
-        out = out.reshape(B, H, N * C, Dv + 1)[:, :, :T]
+        out = _chunk_outputs(q, k, vv, prev.to(mm))[:, :, :T]
         o = out[..., :Dv] / (out[..., Dv:] + eps)
         if not return_state:
             return o
@@ -198,19 +210,6 @@ def favor_attention_training(q, k, v, omega, scale2: float, chunk_size: int, mm_
     return _FavorAttention.apply(q, k, v, omega, scale2, chunk_size, mm_dtype, out_dtype).transpose(1, 2)
 
 
-def _chunks(x: torch.Tensor, C: int) -> torch.Tensor:
-    """(B, H, T, m) -> (B, H, N, C, m), zero-padded to N·C positions."""
-    B, H, T, m = x.shape
-    N = -(-T // C)
-    return F.pad(x, (0, 0, 0, N * C - T)).view(B, H, N, C, m)
-
-
-def _chunk_prefix_states(kf, vv):
-    """The state of the chunks before each chunk, Σ_{c' < c} kf_c'ᵀ vv_c' (B, H, N, M, Dv+1), in fp32."""
-    cum = (kf.transpose(-1, -2) @ vv).float().cumsum(2)
-    return torch.cat((torch.zeros_like(cum[:, :, :1]), cum[:, :, :-1]), 2)
-
-
 def _favor_forward(q, k, v, omega, scale2, chunk_size, mm, out_dtype):
     """chunked_linear_attention(φ(q), φ(k), v) (as favor_attention), returning what the backward
     pass needs: o (B, T, H, Dv), φ(q̂), φ(k̂) chunked in mm, o's denominators."""
@@ -219,9 +218,7 @@ def _favor_forward(q, k, v, omega, scale2, chunk_size, mm, out_dtype):
     qf = _chunks(favor_query(q.float(), omega), C).to(mm)
     kf = _chunks(favor_key(k.float(), omega, scale2), C).to(mm)
     vv = _chunks(_ones_col(v.to(mm)), C)
-    mask = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()
-    out = ((qf @ kf.transpose(-1, -2)).masked_fill(~mask, 0.0) @ vv).float()
-    out = (out + (qf @ _chunk_prefix_states(kf, vv).to(mm)).float()).flatten(2, 3)[:, :, :T]
+    out = _chunk_outputs(qf, kf, vv, _chunk_prefix_states(kf, vv).to(mm))[:, :, :T]
     den = out[..., Dv:] + EPS
     o = (out[..., :Dv] / den).transpose(1, 2).contiguous().to(out_dtype)
     return o, qf, kf, den
@@ -236,7 +233,7 @@ def _favor_backward(grad, k, v, omega, qf, kf, den, o, scale2, chunk_size, mm):
     # o = num / den: d num = g / den; d den = -Σ g·o / den (den is num's last column + EPS)
     gnum = _chunks(torch.cat((g, -(g * o).sum(-1, keepdim=True)), -1) / den, C).to(mm)
     vv = _chunks(_ones_col(v.to(mm)), C)
-    mask = torch.ones(C, C, dtype=torch.bool, device=k.device).tril()
+    mask = _causal_mask(C, k.device)
     a = (qf @ kf.transpose(-1, -2)).masked_fill(~mask, 0.0)  # recomputed, not kept
     prev = _chunk_prefix_states(kf, vv).to(mm)  # likewise
     ga = (gnum @ vv.transpose(-1, -2)).masked_fill(~mask, 0.0)
