@@ -250,7 +250,8 @@ def tokenize(
     from .files import check_input_file, write_output
     from .tokenizer import REMITokenizer, TokenizerConfig
 
-    tok = REMITokenizer(TokenizerConfig(chords=True))  # Chord tokens where an annotation or chord markers give them
+    # Chord tokens where an annotation or chord markers give them, parts where tracks are named so
+    tok = REMITokenizer(TokenizerConfig(chords=True, parts=True))
     for given, what in ((beats, "--beats"), (chords, "--chords")):
         if given is not None and not given.is_dir():
             check_input_file(given, missing=f"no such file or folder ({what})")
@@ -372,7 +373,7 @@ def detokenize(
     from .grammar import REMIGrammar
     from .tokenizer import REMITokenizer, TokenizerConfig
 
-    tok = REMITokenizer(TokenizerConfig(chords=True))  # reads token files with or without chords
+    tok = REMITokenizer(TokenizerConfig(chords=True, parts=True))  # reads token files with or without chords, parts
     grammar = REMIGrammar(tok)
 
     def convert(src: Path, dest: Path) -> None:
@@ -413,6 +414,8 @@ def data_prepare(
                                          "song.mid, by relative path or stem): bars from their downbeats."),
     chords: Path | None = typer.Option(None, "--chords", help="Folder of chord annotations (start end label, "
                                           "Harte notation), written as Chord tokens."),
+    parts: bool = typer.Option(False, "--parts/--no-parts", help="Keep the melody, bridge and piano parts apart "
+                               "(tracks named MELODY, BRIDGE, PIANO, as in POP909)."),
 ):
     """Tokenize a MIDI collection into a compact cache with train/valid/test splits.
 
@@ -420,15 +423,17 @@ def data_prepare(
 
     spemusic data prepare ../shared/data/pop909 -o cache/pop909
 
-    spemusic data prepare ../shared/data/pop909 -o cache/pop909-v2 --beats ../shared/data/pop909/beats --chords ../shared/data/pop909/chords
+    spemusic data prepare ../shared/data/pop909 -o cache/pop909-v3 --parts --beats ../shared/data/pop909/beats --chords ../shared/data/pop909/chords
     """  # noqa: E501 - typer prints the lines of a command's docstring as they are: one example a line
     import_native_libraries(with_torch=False)
     from .data import prepare
+    from .tokenizer import TokenizerConfig
 
     with _progress(TextColumn("[bold]tokenizing"), BarColumn(), MofNCompleteColumn(), TextColumn("files"),
                    TimeElapsedColumn(), TimeRemainingColumn()) as progress:
         t0 = time.perf_counter()
-        cache, reused = prepare(midi_dir, output, split_csv=split_csv, workers=workers or None, progress=progress,
+        cache, reused = prepare(midi_dir, output, TokenizerConfig(chords=chords is not None, parts=parts),
+                                split_csv=split_csv, workers=workers or None, progress=progress,
                                 beats_dir=beats, chords_dir=chords)
         wall = time.perf_counter() - t0
     idx = cache.index
@@ -494,6 +499,8 @@ TRAIN_OPTIONS = {
               "downbeats."), None),
     "chords": ("Data", ("Folder of chord annotations for a MIDI folder DATA: Chord tokens (a new model gets them in "
                "its vocabulary)."), None),
+    "parts": ("Data", ("Keep the melody, bridge and piano parts apart (tracks named MELODY, BRIDGE, PIANO, as in "
+              "POP909); an --init-from model without them gets them in its vocabulary.")),
     "batch_size": ("Optimisation", "Sequences per micro-batch, all processes together."),
     "grad_accum": ("Optimisation", "Micro-batches per optimizer step."),
     "steps": ("Optimisation", "Optimizer steps.", None),
@@ -559,6 +566,7 @@ def train(
     init_from: str | None = _train_option("init_from", "--init-from"),
     beats: Path | None = _train_option("beats", "--beats"),
     chords: Path | None = _train_option("chords", "--chords"),
+    parts: bool | None = _train_option("parts", "--parts/--no-parts"),
     output: Path | None = typer.Option(None, "-o", "--output", rich_help_panel="Run",
                                           help="Run folder: checkpoints, metrics.jsonl."),
     config: Path | None = typer.Option(None, "--config", rich_help_panel="Run",

@@ -20,6 +20,9 @@ MODEL_PRESETS = {  # model sizes by name: ModelConfig.preset(name, vocab_size=â€
     "small": dict(n_layers=6, d_model=256, n_heads=8, d_ff=1024, n_realizations=64, n_features=64,
                   # chunk 64: faster training than 128 on CPU (benchmarks/train_throughput.py)
                   n_sines=5, kernel_size=64, chunk_size=64, short_conv=4),
+    # the next size up from small, for a GPU's budget: 2.3x its weights per token
+    "medium": dict(n_layers=8, d_model=384, n_heads=8, d_ff=1536, n_realizations=64, n_features=64,
+                   n_sines=5, kernel_size=64, chunk_size=64, short_conv=24),
     "paper": dict(n_layers=24, d_model=512, n_heads=8, d_ff=2048, n_realizations=64, n_features=128,
                   n_sines=5, kernel_size=128, short_conv=4),
 }
@@ -65,6 +68,7 @@ class TrainConfig:
     init_from: str = ""          # fine-tune: start from this model (shipped name or checkpoint), its config and tokenizer
     beats: str = ""              # folder of beat annotations for a MIDI folder DATA (bars from their downbeats)
     chords: str = ""             # folder of chord annotations (Chord tokens; a new model gets a chord vocabulary)
+    parts: bool = False          # melody, bridge and piano parts by track name (a fine-tune without them gets them)
     short_conv: int = -1         # tokens each block's short convolution reaches back (-1: the preset's, or the
                                  # fine-tuned model's; a fine-tuned model without one gets it, starting at zero)
 

@@ -10,7 +10,8 @@ Vocabulary (ids in this order; the order is part of the format)
 ``TimeSig_{n}/{d}`` (``config.time_signatures``),
 ``Position_{0..P-1}`` with ``P = max_bar_beats * beat_resolution``,
 ``Tempo_{i}`` (bin index; ``tokenizer.tempo_values[i]`` is its BPM),
-``Program_{0..127}``, ``Program_drums``,
+``Program_{0..127}``, ``Program_drums``, with parts (``config.parts``) also
+``Program_melody``, ``Program_bridge``, ``Program_piano``,
 ``Pitch_{0..127}``,
 ``Velocity_{i}`` (bin index; ``tokenizer.velocity_values[i]`` is its MIDI velocity),
 ``Duration_{i}`` (bin index; ``tokenizer.duration_steps[i]`` is its length in grid steps).
@@ -58,7 +59,18 @@ Timing rules
 * The tempo token of an onset is the bin of the tempo in force at that onset
   (a tempo change counts from the grid step it rounds to; before the first
   tempo event MIDI's 120 BPM holds).
-* All tracks are merged; drums are symusic's ``track.is_drum`` (channel 10).
+* Parts (``config.parts``): a track named MELODY, BRIDGE or PIANO (any case; POP909's
+  three tracks, all program 0) is that part, whatever its program: its notes carry
+  ``Program_melody``, ``Program_bridge`` or ``Program_piano`` instead of their GM program.
+  Parts are roles, not instruments, so the tokens sit in the Program slot of a note and the
+  grammar stays the same. Their codes follow the GM programs and drums (129, 130, 131), so
+  inside an onset the melody's notes come first, then the bridge's, then the piano's: the
+  notes of the accompaniment at an onset can see the melody sounding there. Parts keep
+  the piece in one stream in time order (not MMM's per-bar blocks), so every sampling rule
+  that reads the onsets in time works across parts; ``spemusic accompany`` holds the
+  melody fixed by forcing its tokens at its onsets. Tracks with other names are one part
+  per program, as without parts.
+* All other tracks are merged; drums are symusic's ``track.is_drum`` (channel 10).
   Notes that share (onset step, program, pitch) -- unison doublings across
   tracks (POP909 doubles its melody in the piano track; how often:
   benchmarks/tokenizer_fidelity.py) and flams that quantise to one step --
@@ -68,7 +80,8 @@ Timing rules
   non-decreasing, not strictly.
 
 Decoding writes ``ticks_per_beat = beat_resolution * 40`` files, one track
-per program (drums: ``is_drum``, program 0), drum notes one grid step long.
+per program (drums: ``is_drum``, program 0), drum notes one grid step long; one track per
+part, named MELODY, BRIDGE or PIANO, playing ``part_programs`` (piano unless set).
 A note that overlaps an earlier note of the same program and pitch (MIDI
 cannot hold both on one channel) ends it, as MIDI players do (``overlaps="trim"``,
 the default; of notes sharing an onset the longest is kept); with
@@ -127,6 +140,27 @@ PAD, BOS, EOS, BAR, TIMESIG, POSITION, TEMPO, PROGRAM, PITCH, VELOCITY, DURATION
 KINDS = {"TimeSig": TIMESIG, "Position": POSITION, "Tempo": TEMPO, "Program": PROGRAM, "Pitch": PITCH,
          "Velocity": VELOCITY, "Duration": DURATION, "Chord": CHORD}
 DRUMS = 128  # program code of drum notes
+# parts (TokenizerConfig.parts): the roles of POP909's tracks, told apart by track name, with
+# program codes after the drums (so a part's notes sort after every GM program at an onset)
+PARTS = ("melody", "bridge", "piano")
+PART_CODES = {name: DRUMS + 1 + i for i, name in enumerate(PARTS)}
+PART_OF_CODE = {code: name for name, code in PART_CODES.items()}
+
+
+def part_of_track(name: str) -> str | None:
+    """The part a track plays, by its name (MELODY, BRIDGE, PIANO in any case), or None."""
+    key = (name or "").strip().lower()
+    return key if key in PART_CODES else None
+
+
+def parse_parts(text: str) -> tuple[str, ...]:
+    """'melody,piano' -> ('melody', 'piano'); a part that is not one of PARTS is a ConfigError."""
+    names = tuple(dict.fromkeys(x.strip().lower() for x in str(text).split(",") if x.strip()))
+    bad = [n for n in names if n not in PART_CODES]
+    if bad or not names:
+        what = f"unknown part {bad[0]!r}" if bad else "no part named"
+        raise ConfigError(f"{what}: the parts are {', '.join(PARTS)} (comma-separated)")
+    return names
 
 
 def read_midi(path) -> tuple[symusic.Score, list[str]]:
@@ -187,6 +221,7 @@ class TokenizerConfig:
     max_bar_beats: int = 8
     time_signatures: tuple[tuple[int, int], ...] = ()
     chords: bool = False  # Chord_<root>:<quality> tokens (appended to the vocabulary)
+    parts: bool = False  # Program_melody / _bridge / _piano for tracks named so (after Program_drums)
 
     def __post_init__(self) -> None:
         # types and ranges first: the metadata of a checkpoint from elsewhere lands here, and a
@@ -199,8 +234,9 @@ class TokenizerConfig:
             val = getattr(self, name)
             if isinstance(val, bool) or not isinstance(val, (int, float)) or not 1.0 <= val <= 10_000.0:
                 raise ConfigError(f"tokenizer config: {name} must be a number of BPM in 1 … 10,000, not {val!r}")
-        if not isinstance(self.chords, bool):
-            raise ConfigError(f"tokenizer config: chords must be true or false, not {self.chords!r}")
+        for name in ("chords", "parts"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"tokenizer config: {name} must be true or false, not {getattr(self, name)!r}")
         if not self.tempo_min <= self.tempo_max:
             raise ConfigError("tokenizer config: tempo_min must not be above tempo_max")
         if self.num_tempo_bins > 1 and not self.tempo_min < self.tempo_max:
@@ -231,8 +267,9 @@ class TokenizerConfig:
     def to_dict(self) -> dict:
         d = asdict(self)
         d["time_signatures"] = [list(t) for t in self.time_signatures]
-        if not self.chords:  # configs without chords keep the fingerprint they had before chords existed
-            del d["chords"]
+        for name in ("chords", "parts"):  # configs without them keep the fingerprint they had before they existed
+            if not d[name]:
+                del d[name]
         return d
 
     @classmethod
@@ -525,7 +562,8 @@ class REMITokenizer:
         add("TimeSig", ((f"{n}/{d}", i) for i, (n, d) in enumerate(self.time_signatures)))
         add("Position", ((str(p), p) for p in range(self.num_positions)))
         add("Tempo", ((str(i), i) for i in range(nt)))
-        add("Program", [(str(p), p) for p in range(128)] + [("drums", DRUMS)])
+        parts = [(name, code) for name, code in PART_CODES.items()] if cfg.parts else []
+        add("Program", [(str(p), p) for p in range(128)] + [("drums", DRUMS)] + parts)
         add("Pitch", ((str(p), p) for p in range(128)))
         add("Velocity", ((str(i), i) for i in range(nv)))
         add("Duration", ((str(i), i) for i in range(len(self.duration_steps))))
@@ -549,6 +587,8 @@ class REMITokenizer:
         self._chord_first = self._ranges["Chord"][0] if cfg.chords else -1
         self._chord_index = {name: i for i, name in enumerate(CHORD_NAMES)}
         self._default_ts = self.map_time_signature(4, 4)
+        # the GM program each part's track plays when decoded (a user may choose others)
+        self.part_programs = {code: 0 for code in PART_CODES.values()}
 
     # ------------------------------------------------------------------ basics
     def __len__(self) -> int:
@@ -589,7 +629,7 @@ class REMITokenizer:
             return f"velocity {int(self.velocity_values[int(value)])}"
         if kind == "Pitch":
             return f"{NOTE_NAMES[int(value) % 12]}{int(value) // 12 - 1}"
-        if kind == "Program" and value != "drums":
+        if kind == "Program" and value.isdigit():
             return _gm_names()[int(value)]
         return ""
 
@@ -598,7 +638,17 @@ class REMITokenizer:
         lo, hi = self.range("Program")
         if not lo <= program_id < hi:
             raise ValueError(f"token {program_id} is not a Program token")
-        return "drums" if program_id == self.drum_program_id else _gm_names()[program_id - lo]
+        code = self._value_list[program_id]
+        if code in PART_OF_CODE:
+            return PART_OF_CODE[code]
+        return "drums" if program_id == self.drum_program_id else _gm_names()[code]
+
+    def part_id(self, part: str) -> int:
+        """The Program token of a part ('melody', 'bridge', 'piano'); a tokenizer without parts
+        has none (ConfigError)."""
+        if not self.config.parts:
+            raise ConfigError("this model's tokenizer has no parts (melody, bridge, piano)")
+        return self.token_to_id[f"Program_{parse_parts(part)[0]}"]
 
     def tokens_to_ids(self, tokens: Iterable[str]) -> np.ndarray:
         t2i = self.token_to_id
@@ -688,6 +738,13 @@ class REMITokenizer:
             raise MidiError(f"{name}: corrupt MIDI file ({_one_line(e)})") from None
         return score, notes + _policy(score)
 
+    def _program_code(self, track_name: str, is_drum: bool, program: int) -> int:
+        """The program code of a track's notes: its part (by name, with parts), drums, or its GM program."""
+        if is_drum:
+            return DRUMS
+        part = part_of_track(track_name) if self.config.parts else None
+        return PART_CODES[part] if part else int(program)
+
     def _from_score(self, score: symusic.Score, name: str) -> _Parsed:
         p = _Parsed()
         p.name = name
@@ -703,7 +760,7 @@ class REMITokenizer:
             durs.append(a["duration"])
             pitches.append(a["pitch"])
             vels.append(a["velocity"])
-            progs.append(np.full(len(a["time"]), DRUMS if tr.is_drum else int(tr.program), dtype=np.int64))
+            progs.append(np.full(len(a["time"]), self._program_code(tr.name, tr.is_drum, tr.program), dtype=np.int64))
         if not times:
             raise MidiError(f"{name}: no notes")
         p.time = np.concatenate(times).astype(np.int64)
@@ -732,7 +789,7 @@ class REMITokenizer:
         if p.tpq <= 0:
             raise MidiError(f"{name}: invalid ticks per beat ({p.tpq})")
         rows = [
-            (n.start, n.end - n.start, n.pitch, n.velocity, DRUMS if inst.is_drum else inst.program)
+            (n.start, n.end - n.start, n.pitch, n.velocity, self._program_code(inst.name, inst.is_drum, inst.program))
             for inst in mf.instruments
             for n in inst.notes
         ]
@@ -1195,10 +1252,12 @@ class REMITokenizer:
         for t, c in enumerate(combos.tolist()):
             pc, li = divmod(c, len(step))
             drum = pc == DRUMS
-            name = "Drums" if drum else names[pc]
+            part = PART_OF_CODE.get(pc)
+            name = "Drums" if drum else part.upper() if part else names[pc]
             if li:
                 name = f"{name} (layer {li + 1})"
-            yield name, (0 if drum else pc), drum, order[bounds[t]:bounds[t + 1]]
+            program = 0 if drum else self.part_programs[pc] if part else pc
+            yield name, program, drum, order[bounds[t]:bounds[t + 1]]
 
     @staticmethod
     def chord_mark(index: int) -> str:

@@ -31,9 +31,30 @@ from .files import check_output_folder, write_atomically
 from .memory import available_memory
 from .model import ModelConfig, Performer
 from .options import PRESETS, TrainConfig
-from .tokenizer import TokenizerConfig
+from .tokenizer import REMITokenizer, TokenizerConfig
 
 # ----------------------------------------------------------------------------- schedule
+
+def with_vocabulary(model: Performer, old: REMITokenizer, new: REMITokenizer, like: dict[str, str]) -> Performer:
+    """The same model over the vocabulary of `new`: every token keeps its embedding row (found by
+    name), a new token starts as the token `like` names for it (else as the mean row), so the
+    model computes what it computed until it writes a new token."""
+    with torch.random.fork_rng(devices=[]):  # the run draws the same SPE codes as without it
+        wider = Performer(replace(model.cfg, vocab_size=len(new))).to(model.device)
+    state = {n: v for n, v in model.state_dict().items() if n != "tok.weight"}
+    missing, unexpected = wider.load_state_dict(state, strict=False)
+    assert not unexpected and set(missing) <= {"tok.weight", "head.weight"}, (missing, unexpected)
+    old_rows = model.tok.weight.detach()
+    with torch.no_grad():
+        for i, name in enumerate(new.vocab):
+            j = old.token_to_id.get(name, old.token_to_id.get(like.get(name, "")))
+            wider.tok.weight[i] = old_rows[j] if j is not None else old_rows.mean(0)
+    wider.trained_tokens = None
+    return wider
+
+
+# the rows a fine-tune that adds the parts starts them from: the piano program POP909 was written in
+PART_ROWS_LIKE = {"Program_melody": "Program_0", "Program_bridge": "Program_0", "Program_piano": "Program_0"}
 
 def with_short_conv(model: Performer, k: int) -> Performer:
     """The same model with a short convolution of `k` tokens: added at zero, or widened from a
@@ -342,8 +363,11 @@ def _starting_point(run: Run) -> tuple[TokenizerConfig, Performer | None]:
         return TokenizerConfig.from_dict(run.record["tokenizer"]), None
     if run.cfg.init_from:
         base_model, base_tokenizer = checkpoint.load_model(run.cfg.init_from)
+        if run.cfg.parts and not base_tokenizer.config.parts:  # the parts join the model's vocabulary
+            wider = REMITokenizer(replace(base_tokenizer.config, parts=True))
+            return wider.config, with_vocabulary(base_model, base_tokenizer, wider, PART_ROWS_LIKE)
         return base_tokenizer.config, base_model
-    return TokenizerConfig(chords=bool(run.cfg.chords)), None
+    return TokenizerConfig(chords=bool(run.cfg.chords), parts=run.cfg.parts), None
 
 
 def _open_cache(cfg: TrainConfig, tok_cfg: TokenizerConfig, world: int, is_main: bool) -> TokenCache:
