@@ -474,6 +474,8 @@ Precision = _choices("Precision", TRAIN_PRECISIONS)
 StepPrecision = _choices("StepPrecision", STEP_PRECISIONS)
 
 
+PARTS_HELP = "Parts to play, comma-separated: melody, bridge, piano (models with parts, such as pop-piano)."
+
 STEP_PRECISION_HELP = ("Weights of the generation step. Half precision reads half the bytes per token (1.6x faster "
                        "on a CPU at batch 1) and leaves the NLL unchanged to 1e-4 nats; fp32 is exact. auto: fp16, "
                        "or bf16 from --num 8 on a CPU with native bf16.")
@@ -865,6 +867,7 @@ def generate(
     png: bool = typer.Option(False, "--png", help="Also draw each piece's piano roll, OUT.png beside OUT.mid."),
     audio: bool = typer.Option(False, "--audio", help="Also render each piece, OUT.wav beside OUT.mid (SoundFont: "
                                "$SPEMUSIC_SOUNDFONT, or as `spemusic render` finds one)."),
+    parts: str | None = typer.Option(None, "--parts", help=PARTS_HELP + " \\[default: all the model's parts]"),
     threads: int | None = typer.Option(None, "--threads", help=THREADS_HELP + "1: a recurrent step is too "
                                           "small to share (benchmarks/threads.py)]"),
 ):
@@ -877,12 +880,16 @@ def generate(
     spemusic generate --bars 16 --num 4 --temperature 0.9 -o sketches/
 
     spemusic generate --bars 16 --chords "C G Am F" -o pop.mid
+
+    spemusic generate --bars 16 --parts melody,piano -o song.mid
     """
     import_native_libraries()
     from .chords import parse_chords
     from .sampling import check_length_bars
+    from .tokenizer import parse_parts
 
     check_length_bars(length, bars)
+    parts = parse_parts(parts) if parts is not None else None
     progression = parse_chords(chords) if chords is not None else None
     if key is not None:
         from .keys import parse_key
@@ -894,7 +901,7 @@ def generate(
                           device, precision, as_json, False, chords=progression, keep_overlaps=keep_overlaps, png=png,
                           meter=meter, tempo=tempo, threads=threads, chord_strength=chord_strength, audio=audio,
                           bar_top_p=bar_top_p, key=key, repeat=repeat, onset_top_p=onset_top_p,
-                          hole_penalty=hole_penalty, stacking=stacking)
+                          hole_penalty=hole_penalty, stacking=stacking, parts=parts)
 
 
 @app.command("continue")
@@ -1039,7 +1046,7 @@ def _generate_or_continue(model_name, prompt_path, prompt_bars, length, bars, nu
                           output, overwrite, device, precision, as_json, only_continuation, beats=None, chords=None,
                           keep_overlaps=False, png=False, meter=None, tempo=None, threads=None, chord_strength=0.0,
                           audio=False, bar_top_p=None, key=None, from_bar=None, repeat=None, onset_top_p=None,
-                          hole_penalty=None, stacking=None):
+                          hole_penalty=None, stacking=None, parts=None):
     import torch
 
     from .checkpoint import load_model
@@ -1090,9 +1097,11 @@ def _generate_or_continue(model_name, prompt_path, prompt_bars, length, bars, nu
                     chord_strength=chord_strength, key=key, overlaps="layers" if keep_overlaps else "trim",
                     weights_dtype={"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}.get(
                         precision.value))  # auto: None, the sampler picks
+    if parts is not None and not tok.config.parts:
+        raise SpemusicError(f"--parts: {model_name or 'pop-piano'} has no parts (melody, bridge, piano)")
     if prompt is None:
         def run(**callbacks):
-            return generate(model, tok, meter=meter, tempo=tempo, **sampling, **callbacks)
+            return generate(model, tok, meter=meter, tempo=tempo, parts=parts, **sampling, **callbacks)
     else:
         def run(**callbacks):
             return continue_prompt(model, tok, prompt, only_continuation=only_continuation, **sampling, **callbacks)
@@ -1113,6 +1122,98 @@ def _generate_or_continue(model_name, prompt_path, prompt_bars, length, bars, nu
     _report(rows, result, seed, as_json, midis, pieces.prompt_bars, only_continuation, by_length=bars is None,
             extras=extras)
     if result.interrupted:
+        err.print("interrupted: wrote the music generated so far")
+        raise typer.Exit(INTERRUPTED_AND_SAID)
+
+
+@app.command()
+def accompany(
+    melody: Path = typer.Argument(..., help="MIDI file of the melody: a one-track file, or a song whose MELODY "
+                                  "track (or --track) is the melody."),
+    model: str = typer.Option("pop-piano", "--model", "-m", help="Model name or checkpoint path (a model with parts)."),
+    track: str | None = typer.Option(None, "--track", help="The melody's track, by name or number (1 = the first "
+                                     "track with notes) \\[default: the one named MELODY, or the only one]"),
+    parts: str = typer.Option("bridge,piano", "--parts", help=PARTS_HELP.replace("play", "write under the melody")),
+    num: int = typer.Option(1, "--num", help="Accompaniments, sampled together in one batch."),
+    temperature: float = typer.Option(1.0, help="Softmax temperature (> 0)."),
+    top_p: float | None = typer.Option(None, "--top-p", help=TOP_P_HELP),
+    onset_top_p: float | None = typer.Option(None, "--onset-top-p", help=ONSET_TOP_P_HELP),
+    repeat: float | None = typer.Option(None, "--repeat", help=REPEAT_HELP),
+    hole_penalty: float | None = typer.Option(None, "--hole-penalty", help=HOLE_PENALTY_HELP),
+    stacking: float | None = typer.Option(None, "--stacking", help=STACKING_HELP),
+    top_k: int = typer.Option(0, "--top-k", help="Keep the K most likely tokens; 0 turns it off."),
+    seed: int | None = typer.Option(None, help="Random seed: same seed, options and model give the same file. "
+                                       "\\[default: a new one, printed]"),
+    beats: Path | None = typer.Option(None, "--beats", help="Beat annotation of the melody file (time, beat-in-bar; "
+                                         "or POP909's three columns): its bars are the annotated ones."),
+    chords: str | None = typer.Option(None, "--chords", help="Chord progression, one chord per bar of the melody, "
+                                         "repeating: 'C G Am F', or a file with one chord per line."),
+    chord_strength: float = typer.Option(CHORD_STRENGTH, "--chord-strength", help="With --chords: nats added to the "
+                                         "bar's chord tones wherever a pitch is sampled (0: the chord tokens alone)."),
+    output: str | None = typer.Option(None, "-o", "--output", help="Output .mid (OUT-1.mid … with --num), or a "
+                                         "folder. \\[default: MELODY-accompanied.mid in the current folder]"),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace existing output files."),
+    device: str = typer.Option("cpu", help="cpu or cuda."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object per output on stdout."),
+    png: bool = typer.Option(False, "--png", help="Also draw each piece's piano roll, OUT.png beside OUT.mid."),
+    audio: bool = typer.Option(False, "--audio", help="Also render each piece, OUT.wav beside OUT.mid."),
+    threads: int | None = typer.Option(None, "--threads", help=THREADS_HELP + "1]"),
+):
+    """Accompany a melody: the melody is kept note for note, the model writes the bridge and the
+    piano under it, bar by bar, as long as the melody.
+
+    Examples:
+
+    spemusic accompany melody.mid -o song.mid
+
+    spemusic accompany melody.mid --chords "Am F C G" --num 4 -o takes/
+
+    spemusic accompany ../shared/data/pop909/001.mid --beats ../shared/data/pop909/beats/001.txt -o 001-new.mid
+    """
+    import_native_libraries()
+    from .accompany import load_melody
+    from .checkpoint import load_model
+    from .chords import parse_chords
+    from .device import pick_device
+    from .pieces import accompany as accompany_melody
+    from .prompts import output_paths
+    from .tokenizer import parse_parts
+
+    _check_model_names(model)
+    wanted = parse_parts(parts)
+    if "melody" in wanted:
+        raise SpemusicError("--parts: the melody is the file's; name the parts to write under it (bridge, piano)")
+    if not 1 <= num <= MAX_PIECES:
+        raise SpemusicError(f"--num must be between 1 and {MAX_PIECES} (got {num}); run several times for more")
+    seed = _seed_or_new(seed)
+    if not (math.isfinite(chord_strength) and chord_strength >= 0):
+        raise SpemusicError(f"--chord-strength must be a number of 0 or more (got {chord_strength})")
+    progression = parse_chords(chords) if chords is not None else None
+    asked = dict(top_p=top_p, onset_top_p=onset_top_p, repeat=repeat, hole_penalty=hole_penalty, stacking=stacking)
+    _sampling_options({}, temperature, top_k, **asked)
+    pick_device(device, auto=False)
+    paths = output_paths(output or Path(f"{melody.with_suffix('').name}-accompanied.mid"), num, overwrite)
+    soundfont = _check_extra_outputs(paths, png, audio, overwrite)
+    _set_threads(threads, 1 if device == "cpu" else None)
+    net, tok, info = load_model(model, device=device, return_info=True)
+    _say_which_checkpoint(model)
+    held = load_melody(melody, tok, track, beats)
+    if progression is not None:
+        from .sampling import chord_ids
+
+        chord_ids(tok, progression)
+    options = _sampling_options(info, temperature, top_k, **asked)
+
+    def run(**callbacks):
+        return accompany_melody(net, tok, held, num=num, seed=seed, options=options, chords=progression,
+                                chord_strength=chord_strength, parts=wanted, **callbacks)
+
+    pieces = _sampling_with_progress(run, total=None, num=num, tok=tok, prompt=None,
+                                     quiet=as_json and not sys.stderr.isatty())
+    midis, rows, extras = _write_pieces(paths, pieces, tok, title=f"{model}, seed {seed}", png=png,
+                                        soundfont=soundfont if audio else None)
+    _report(rows, pieces.result, seed, as_json, midis, 0, False, by_length=False, extras=extras)
+    if pieces.result.interrupted:
         err.print("interrupted: wrote the music generated so far")
         raise typer.Exit(INTERRUPTED_AND_SAID)
 

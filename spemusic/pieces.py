@@ -24,7 +24,7 @@ from .prompts import Prompt, count_bars, merge_continuation
 from .sampling import SampleResult, SamplingOptions, sample
 from .tokenizer import REMITokenizer
 
-__all__ = ["KeyMove", "Pieces", "continue_prompt", "generate"]
+__all__ = ["KeyMove", "Pieces", "accompany", "continue_prompt", "generate"]
 
 
 @dataclass
@@ -64,14 +64,38 @@ def generate(model: Performer, tokenizer: REMITokenizer, *, num: int = 1, length
              bars: int | None = None, seed: int = 0, options: SamplingOptions | None = None,
              weights_dtype: torch.dtype | None = None, chords: list[str] | None = None, meter: str | None = None,
              tempo: float | None = None, chord_strength: float = 0.0, key: tuple[int, str] | None = None,
-             overlaps: str = "trim", on_token=None, should_stop=None) -> Pieces:
+             overlaps: str = "trim", parts: tuple[str, ...] | None = None, on_token=None,
+             should_stop=None) -> Pieces:
     """`num` new pieces of `length` tokens or `bars` bars (sampling.sample's arguments), each
     decoded to MIDI; `key` (tonic pitch class, "major"/"minor"): each piece moved from the key it
-    was found in to that one; `overlaps`: "trim" or "layers" (tokenizer.decode)."""
+    was found in to that one; `overlaps`: "trim" or "layers" (tokenizer.decode); `parts`: the
+    parts the pieces play (models with parts; None: all)."""
     return _pieces(model, tokenizer, None, False, num=num, length=length, bars=bars, seed=seed, options=options,
                    weights_dtype=weights_dtype, chords=chords, meter=meter, tempo=tempo,
-                   chord_strength=chord_strength, key=key, overlaps=overlaps, on_token=on_token,
+                   chord_strength=chord_strength, key=key, overlaps=overlaps, parts=parts, on_token=on_token,
                    should_stop=should_stop)
+
+
+def accompany(model: Performer, tokenizer: REMITokenizer, melody, *, num: int = 1, seed: int = 0,
+              options: SamplingOptions | None = None, weights_dtype: torch.dtype | None = None,
+              chords: list[str] | None = None, chord_strength: float = 0.0, parts: tuple[str, ...] = ("bridge", "piano"),
+              overlaps: str = "trim", on_token=None, should_stop=None) -> Pieces:
+    """`num` accompaniments of a melody (accompany.load_melody), as long as it: the melody held
+    as written, token by token, the model writing `parts` under it. Each MIDI file holds the
+    user's melody track exactly as it was, and the new parts on the melody file's timeline."""
+    import io
+
+    from .accompany import HeldMelody, with_accompaniment
+
+    if "melody" in parts:
+        raise ValueError("accompany writes the parts under the melody, not the melody")
+    result = sample(model, tokenizer, num=num, bars=melody.bars, seed=seed, options=options,
+                    weights_dtype=weights_dtype, chords=chords, chord_strength=chord_strength,
+                    parts=("melody", *parts), held=HeldMelody.of(melody.ids, tokenizer), on_token=on_token,
+                    should_stop=should_stop)
+    midis = [miditoolkit.MidiFile(file=io.BytesIO(with_accompaniment(melody, ids, tokenizer, overlaps).dumps_midi()))
+             for ids in result.ids]
+    return Pieces(midis, result, 1, 0)
 
 
 def continue_prompt(model: Performer, tokenizer: REMITokenizer, prompt: Prompt, *, only_continuation: bool = False,
@@ -88,6 +112,10 @@ def continue_prompt(model: Performer, tokenizer: REMITokenizer, prompt: Prompt, 
 
 
 def _pieces(model, tokenizer, prompt: Prompt | None, only_continuation: bool, *, key, overlaps, **sampling) -> Pieces:
+    if sampling.get("parts") is not None and not tokenizer.config.parts:
+        from .errors import OptionError
+
+        raise OptionError("{parts}: this model has no parts (melody, bridge, piano)")
     result = sample(model, tokenizer, prompt=None if prompt is None else prompt.ids, **sampling)
     keys = _move_to_key(result, tokenizer, key) if key is not None else None
     prompt_tokens = 1 if prompt is None else len(prompt.ids)  # BOS, or the prompt's tokens

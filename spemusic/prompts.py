@@ -13,7 +13,7 @@ import numpy as np
 from .errors import MidiError, OptionError, SpemusicError
 from .files import check_input_file, check_output_file, check_output_folder, names_new_folder
 from .grammar import REMIGrammar
-from .tokenizer import REMITokenizer, read_midi
+from .tokenizer import REMITokenizer, part_of_track, read_midi
 
 
 def output_paths(out: str | Path, num: int, overwrite: bool) -> list[Path]:
@@ -303,9 +303,14 @@ def merge_continuation(prompt: Prompt, ids: np.ndarray, tokenizer: REMITokenizer
         notes = [n for n in inst.notes if n.start >= start_dec]
         if not notes:
             continue
-        # of the prompt's tracks for this instrument (POP909 has MELODY, BRIDGE and PIANO, all
-        # piano), the one with the most notes: the accompaniment, not the melody
-        same = [i for i in out.instruments if i.is_drum == inst.is_drum and (inst.is_drum or i.program == inst.program)]
+        # a part continues on the prompt's track of that part; an instrument on the prompt's track
+        # of that program with the most notes (the accompaniment, if parts were merged)
+        part = part_of_track(inst.name)
+        if part is not None:
+            same = [i for i in out.instruments if part_of_track(i.name) == part]
+        else:
+            same = [i for i in out.instruments
+                    if i.is_drum == inst.is_drum and (inst.is_drum or i.program == inst.program)]
         target = max(same, key=lambda i: len(i.notes), default=None)
         if target is None:
             target = miditoolkit.Instrument(program=inst.program, is_drum=inst.is_drum, name=inst.name)

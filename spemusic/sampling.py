@@ -162,6 +162,20 @@ def opens_on_meter(st: GrammarState, from_scratch: bool) -> bool:
     return from_scratch and st.last == BAR and st.bars == 1
 
 
+def banned_parts(tokenizer: REMITokenizer, parts: tuple[str, ...] | None) -> np.ndarray | None:
+    """(V,) bool: the Program tokens of the parts not in `parts` (None: every part may play)."""
+    if parts is None:
+        return None
+    from .tokenizer import PARTS, parse_parts
+
+    keep = parse_parts(",".join(parts))
+    banned = np.zeros(len(tokenizer), dtype=bool)
+    for part in PARTS:
+        if part not in keep:
+            banned[tokenizer.part_id(part)] = True
+    return banned
+
+
 def chord_ids(tokenizer: REMITokenizer, names: list[str]) -> list[int]:
     """Token ids of chord names (vocabulary names such as ``"A:min"``, or ``"N"``)."""
     if not tokenizer.config.chords:
@@ -421,10 +435,12 @@ class _Pieces:
     whether it is done (a done piece is fed PAD while the others go on)."""
 
     def __init__(self, num: int, prompt: np.ndarray, grammar: REMIGrammar, steer: _Steering, bars: int | None,
-                 max_new: int):
+                 max_new: int, held=None, banned: np.ndarray | None = None):
         self.grammar, self.steer, self.bars, self.max_new = grammar, steer, bars, max_new
+        self.held, self.banned = held, banned  # a melody held fixed (accompany.HeldMelody); tokens never written
         self.keep = len(prompt)
-        self.from_scratch = len(prompt) == 1
+        self.from_scratch = len(prompt) == 1 and held is None
+        self.forced: list[int | None] = [None] * num  # the one token a piece may take next, if so
         self.states = [GrammarState() for _ in range(num)]
         for st in self.states:
             for t in prompt:
@@ -447,6 +463,13 @@ class _Pieces:
                 masks[b, self.grammar.tok.bar_id] = True
             else:
                 masks[b] = self.steer.mask(st, self.bars_started[b], self.from_scratch)
+                if self.banned is not None:
+                    kept = masks[b] & ~self.banned
+                    masks[b] = kept if kept.any() else masks[b]
+                if self.held is not None:
+                    self.held.restrict(b, st, masks[b])
+            allowed = np.flatnonzero(masks[b])
+            self.forced[b] = int(allowed[0]) if len(allowed) == 1 else None
         self.force_bar = False
         return masks
 
@@ -466,6 +489,8 @@ class _Pieces:
                 self.bars_started[b] += 1
             self.seqs[b].append(t)
             self.grammar.advance(self.states[b], t)
+            if self.held is not None:
+                self.held.advance(b, self.states[b], t)
             if len(self.seqs[b]) - self.keep >= self.max_new:
                 self.done[b] = True
 
@@ -475,7 +500,7 @@ def sample(model: Performer, tokenizer: REMITokenizer, *, num: int = 1, length: 
            bars: int | None = None, prompt: np.ndarray | None = None, options: SamplingOptions | None = None,
            seed: int = 0, on_token=None, should_stop=None, weights_dtype: torch.dtype | None = None,
            chords: list[str] | None = None, meter: str | None = None, tempo: float | None = None,
-           chord_strength: float = 0.0) -> SampleResult:
+           chord_strength: float = 0.0, parts: tuple[str, ...] | None = None, held=None) -> SampleResult:
     """Sample `num` pieces of `length` new tokens (or `bars` new bars) after an optional prompt.
 
     `prompt` is a token sequence without EOS (it will be continued with a new bar). `on_token(n, bars)`
@@ -488,7 +513,9 @@ def sample(model: Performer, tokenizer: REMITokenizer, *, num: int = 1, length: 
     the opening time signature and tempo of a piece from scratch (the model may change them later);
     without them, the piece opens on the model's most likely meter. With `options.repeat`, a
     continuous cache of the piece's own hidden states (the prompt's first) is mixed into the
-    model's distribution (spemusic.cache)."""
+    model's distribution (spemusic.cache). `parts` (models with parts): the parts the pieces may
+    play ("melody", "bridge", "piano"), the others never written. `held` (accompany.HeldMelody): a
+    melody the pieces keep as written, token by token, while the model writes the other parts."""
     options = options or SamplingOptions()
     options.check()
     check_length_bars(length, bars)
@@ -510,7 +537,8 @@ def sample(model: Performer, tokenizer: REMITokenizer, *, num: int = 1, length: 
     prompt = np.asarray(prompt, dtype=np.int64)
     _check_absolute_pe_reach(model, len(prompt), length)
     # (with --bars, a piece that never closes its bars is stopped all the same)
-    pieces = _Pieces(num, prompt, grammar, steer, bars, max_new=length if length is not None else bars * 4096)
+    pieces = _Pieces(num, prompt, grammar, steer, bars, max_new=length if length is not None else bars * 4096,
+                     held=held, banned=banned_parts(tokenizer, parts))
     batch_prompt = torch.from_numpy(np.tile(prompt, (num, 1))).to(device)
     # with --chords, a bar copies only from moments under its own chord: the harmony is the user's
     by_chord = chords is not None and options.repeat > 0
@@ -534,6 +562,8 @@ def sample(model: Performer, tokenizer: REMITokenizer, *, num: int = 1, length: 
             for b in pieces.going():
                 if opens_on_meter(pieces.states[b], pieces.from_scratch):
                     nxt[b] = int(masked[b].argmax())
+                if pieces.forced[b] is not None:  # whatever the onset corrections made of its odds
+                    nxt[b] = pieces.forced[b]
             n += 1
             pieces.take(nxt.tolist())
             if on_token is not None:

@@ -148,8 +148,9 @@ PART_OF_CODE = {code: name for name, code in PART_CODES.items()}
 
 
 def part_of_track(name: str) -> str | None:
-    """The part a track plays, by its name (MELODY, BRIDGE, PIANO in any case), or None."""
-    key = (name or "").strip().lower()
+    """The part a track plays, by its name (MELODY, BRIDGE, PIANO in any case; "PIANO (layer 2)",
+    as decode names a part's overlapping notes, too), or None."""
+    key = (name or "").split(" (layer ")[0].strip().lower()
     return key if key in PART_CODES else None
 
 

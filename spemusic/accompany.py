@@ -1,0 +1,234 @@
+"""Accompany a melody: the user's melody held fixed, token by token, while the model writes the
+bridge and the piano part around it (`spemusic accompany`).
+
+Parts share one stream in time order (see the tokenizer's format notes), and the melody's notes
+come first at an onset. So holding the melody is a rule of the sampler, not a second model: at
+each bar line the melody's time signature is forced; wherever the model chooses its next onset,
+it may not pass the melody's next one, and when it reaches it, the melody's Tempo and notes are
+forced there (the model may open a Chord first); the model never writes a melody note of its own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import symusic
+
+from .errors import MidiError, OptionError
+from .files import check_input_file
+from .grammar import BAR, NOTE_END, POSITION, TIMESIG, GrammarState
+from .tokenizer import CHORD, PROGRAM, REMITokenizer, part_of_track, read_midi
+
+
+@dataclass
+class MelodyBar:
+    timesig: int | None                      # the TimeSig token written at this bar, if any
+    onsets: list[tuple[int, list[int]]]      # (position, tokens after its Position: [Tempo] notes)
+
+
+@dataclass
+class HeldMelody:
+    """A melody's tokens by bar, and for each piece being sampled, where it stands in them."""
+
+    bars: list[MelodyBar]
+    tokenizer: REMITokenizer
+    due: dict[int, list[int]] = field(default_factory=dict)  # piece -> tokens still to force at this onset
+
+    @classmethod
+    def of(cls, ids: np.ndarray, tokenizer: REMITokenizer) -> HeldMelody:
+        kinds = tokenizer.kinds
+
+        bars: list[MelodyBar] = []
+        for t in np.asarray(ids).tolist():
+            k = int(kinds[t])
+            if t == tokenizer.bar_id:
+                bars.append(MelodyBar(None, []))
+            elif not bars or k == CHORD or t in (tokenizer.bos_id, tokenizer.eos_id, tokenizer.pad_id):
+                continue
+            elif k == TIMESIG:
+                bars[-1].timesig = t
+            elif k == POSITION:
+                bars[-1].onsets.append((t - tokenizer.range("Position")[0], []))
+            elif bars[-1].onsets:
+                bars[-1].onsets[-1][1].append(t)
+        for bar in bars:  # an onset that held only a chord change is no melody onset
+            bar.onsets = [(p, toks) for p, toks in bar.onsets if any(kinds[t] == PROGRAM for t in toks)]
+        return cls(bars, tokenizer)
+
+    @property
+    def melody_id(self) -> int:
+        return self.tokenizer.part_id("melody")
+
+    def _next_onset(self, st: GrammarState) -> int | None:
+        """The melody's next onset in the current bar after position st.pos (None: none left)."""
+        if not 1 <= st.bars <= len(self.bars):
+            return None
+        return next((p for p, _ in self.bars[st.bars - 1].onsets if p > st.pos), None)
+
+    def restrict(self, piece: int, st: GrammarState, mask: np.ndarray) -> None:
+        """Narrow `mask` (the tokens allowed next) to what keeps the melody as written."""
+        tok = self.tokenizer
+        mask[self.melody_id] = False
+        tempo_lo, tempo_hi = tok.range("Tempo")
+        due = self.due.get(piece)
+        if due:
+            chord_ok = mask.copy() if st.last == POSITION else None
+            mask[:] = False
+            mask[due[0]] = True
+            if chord_ok is not None and tok.config.chords:  # a chord change may open the onset
+                lo, hi = tok.range("Chord")
+                mask[lo:hi] = chord_ok[lo:hi]
+            return
+        if st.tempo >= 0:  # the melody's tempo map, not the model's
+            mask[tempo_lo:tempo_hi] = False
+        if st.last == BAR and 1 <= st.bars <= len(self.bars):
+            ts = self.bars[st.bars - 1].timesig
+            if ts is not None and mask[ts]:
+                mask[:] = False
+                mask[ts] = True
+                return
+            mask[tok.range("TimeSig")[0]:tok.range("TimeSig")[1]] = False
+        if st.last in (BAR, TIMESIG, NOTE_END) or mask[tok.bar_id]:
+            nxt = self._next_onset(st)
+            if nxt is not None:
+                lo = tok.range("Position")[0]
+                mask[lo + nxt + 1: tok.range("Position")[1]] = False
+                mask[tok.bar_id] = False
+                mask[tok.eos_id] = False
+        if not mask.any():  # (never: the grammar always allows the melody's own next onset)
+            raise RuntimeError("accompany: no token keeps the melody")
+
+    def advance(self, piece: int, st: GrammarState, token: int) -> None:
+        """After `token` was taken (st already advanced): what the melody forces next."""
+        due = self.due.get(piece)
+        if due and token == due[0]:
+            due.pop(0)
+            return
+        if due:  # a Chord before the melody's notes
+            return
+        if int(self.tokenizer.kinds[token]) == POSITION and 1 <= st.bars <= len(self.bars):
+            here = dict(self.bars[st.bars - 1].onsets).get(st.pos)
+            if here:
+                tempo_lo, tempo_hi = self.tokenizer.range("Tempo")
+                # a tempo already in force (the model's first onset came before the melody's) is not repeated
+                toks = [t for t in here if not (tempo_lo <= t < tempo_hi and t == st.tempo)]
+                if st.tempo < 0 and not any(tempo_lo <= t < tempo_hi for t in toks):
+                    raise RuntimeError("accompany: the melody has no tempo at its first onset")
+                self.due[piece] = list(toks)
+        elif int(self.tokenizer.kinds[token]) == BAR:
+            self.due.pop(piece, None)
+
+    def first_tempo(self) -> int | None:
+        lo, hi = self.tokenizer.range("Tempo")
+        for bar in self.bars:
+            for _, toks in bar.onsets:
+                for t in toks:
+                    if lo <= t < hi:
+                        return t
+        return None
+
+
+@dataclass
+class Melody:
+    """The melody `accompany` holds: the user's file with that track alone, and its tokens."""
+
+    score: symusic.Score         # the user's file (its ticks, tempo map, meter, markers), the melody's track alone
+    ids: np.ndarray              # its tokens as the melody part (BOS … EOS)
+    bars: int
+    beat_map: object | None      # spemusic.beats.BeatMap when read on a beat annotation
+    track_name: str
+
+
+def melody_track(score: symusic.Score, track: str | None, path: Path) -> int:
+    """Which track holds the melody: `track` (a name or a 1-based number among the tracks with
+    notes), else the one named MELODY, else the only track with notes."""
+    tracks = [i for i, t in enumerate(score.tracks) if len(t.notes) and not t.is_drum]
+    listing = ", ".join(f"{n + 1}: {score.tracks[i].name or '(no name)'}" for n, i in enumerate(tracks)) or "none"
+    if track is not None:
+        if track.isdigit() and 1 <= int(track) <= len(tracks):
+            return tracks[int(track) - 1]
+        named = [i for i in tracks if score.tracks[i].name.strip().lower() == track.strip().lower()]
+        if named:
+            return named[0]
+        raise OptionError("{track} {value}: {path} has no such track with notes (its tracks: {listing})",
+                          value=track, path=str(path), listing=listing)
+    named = [i for i in tracks if part_of_track(score.tracks[i].name) == "melody"]
+    if named:
+        return named[0]
+    if len(tracks) == 1:
+        return tracks[0]
+    if not tracks:
+        raise MidiError(f"{path}: no pitched notes to accompany")
+    raise OptionError("{path}: {n} tracks have notes and none is named MELODY; choose the melody with {track} "
+                      "(its tracks: {listing})", path=str(path), n=len(tracks), listing=listing)
+
+
+def load_melody(path: Path, tokenizer: REMITokenizer, track: str | None = None, beats: Path | None = None) -> Melody:
+    """The melody of a MIDI file, as `accompany` holds it (see melody_track)."""
+    if not tokenizer.config.parts:
+        raise OptionError("this model has no parts (melody, bridge, piano): accompany needs one that has, such as "
+                          "pop-piano")
+    path = check_input_file(path)
+    score, _ = read_midi(path)  # corrupt, empty or note-less files: one line naming the problem
+    index = melody_track(score, track, path)
+    solo = score.copy()
+    kept = score.tracks[index].copy()
+    while len(solo.tracks):
+        solo.tracks.pop()
+    solo.tracks.append(kept)
+    as_part = solo.copy()  # the tokenizer reads the track as the melody part, whatever its name
+    as_part.tracks[0].name = "MELODY"
+    beat_map = None
+    if beats is not None:
+        ids, beat_map = tokenizer.encode_on_beats(as_part, _beats_of_melody(beats, as_part))
+    else:
+        ids = tokenizer.encode(as_part)
+    bars = int(np.count_nonzero(ids == tokenizer.bar_id))
+    return Melody(solo, ids, bars, beat_map, kept.name)
+
+
+def _beats_of_melody(path: Path, melody: symusic.Score):
+    """A song's beat annotation up to where its melody ends (and one beat more): the song may go
+    on past its melody, and accompany writes the melody's bars."""
+    from .beats import Beats, read_beats
+
+    check_input_file(path)
+    beats = read_beats(path)
+    end = melody.to("second").end()
+    keep = min(int(np.searchsorted(beats.times, end + 1.0, side="right")) + 1, len(beats.times))
+    return Beats(beats.times[:keep], beats.downbeat[:keep], beats.source)
+
+
+def with_accompaniment(melody: Melody, ids: np.ndarray, tokenizer: REMITokenizer, overlaps: str = "trim",
+                       ) -> symusic.Score:
+    """The user's melody track exactly as it was, and the parts the model wrote (every part but
+    the melody) on the melody file's own timeline, with the new chords as markers."""
+    decoded = tokenizer.decode_to_score(ids, overlaps)
+    out = melody.score.copy()
+    res = tokenizer.ticks_per_beat_out
+
+    if melody.beat_map is not None:  # the tokens' beats are the annotation's beats
+        def conv(t: np.ndarray) -> np.ndarray:
+            return np.rint(melody.beat_map.tick_of(t / res)).astype(np.int64)
+    else:
+        def conv(t: np.ndarray) -> np.ndarray:
+            return np.rint(t * (out.ticks_per_quarter / res)).astype(np.int64)
+
+    for tr in decoded.tracks:
+        if part_of_track(tr.name) == "melody" or not len(tr.notes):
+            continue
+        a = tr.notes.numpy()
+        start, end = conv(a["time"]), conv(a["time"] + a["duration"])
+        new = symusic.Track(name=tr.name, program=tr.program, is_drum=tr.is_drum)
+        new.notes = symusic.Note.from_numpy(start.astype(np.int32), np.maximum(end - start, 1).astype(np.int32),
+                                            a["pitch"], a["velocity"], ttype="tick")
+        out.tracks.append(new)
+    for m in decoded.markers:
+        out.markers.append(symusic.TextMeta(int(conv(np.array([m.time]))[0]), m.text))
+    out.markers.sort()
+    return out
+
+
+__all__ = ["HeldMelody", "Melody", "load_melody", "melody_track", "with_accompaniment"]
