@@ -28,6 +28,8 @@ class NoteGrid:
     chord_step: np.ndarray = None   # steps from the start of each Chord token ...
     chord_name: tuple = ()          # ... and its name ("A:min", "N")
     res: int = 12
+    prog: np.ndarray = None         # Program token of each note (its part, with parts)
+    vel: np.ndarray = None          # MIDI velocity of each note (its bin's)
 
     @property
     def bar_start(self) -> np.ndarray:
@@ -45,7 +47,8 @@ def note_grid(ids, tok: REMITokenizer) -> NoteGrid:
     bar_steps = REMIGrammar(tok).bar_steps
     chord_lo, chord_hi = tok.range("Chord") if tok.config.chords else (0, 0)
     rows, bar_lens, chords = [], [], []
-    bar, start, cur_len, pos, drum = -1, 0, 4 * res, 0, False
+    vel_lo, vel_hi = tok.range("Velocity")
+    bar, start, cur_len, pos, drum, prog = -1, 0, 4 * res, 0, False, -1
     for t in map(int, ids):
         if t == tok.bar_id:
             if bar >= 0:
@@ -59,17 +62,19 @@ def note_grid(ids, tok: REMITokenizer) -> NoteGrid:
         elif pos_lo <= t < pos_hi:
             pos = t - pos_lo
         elif prog_lo <= t < prog_hi:
-            drum = t == tok.drum_program_id
+            drum, prog = t == tok.drum_program_id, t
         elif pitch_lo <= t < pitch_hi:
-            rows.append([bar, pos, start + pos, t - pitch_lo, int(drum), 0])
+            rows.append([bar, pos, start + pos, t - pitch_lo, int(drum), 0, prog, 0])
+        elif vel_lo <= t < vel_hi and rows:
+            rows[-1][7] = int(tok.velocity_values[t - vel_lo])
         elif dur_lo <= t < dur_hi and rows:
             rows[-1][5] = int(tok.duration_steps[t - dur_lo])
         elif chord_lo <= t < chord_hi:
             chords.append((start + pos, tok.vocab[t].split("_", 1)[1]))
-    a = np.array(rows, dtype=np.int64).reshape(-1, 6)
+    a = np.array(rows, dtype=np.int64).reshape(-1, 8)
     return NoteGrid(a[:, 0], a[:, 1], a[:, 2], a[:, 3], a[:, 4].astype(bool), a[:, 5], max(bar + 1, 0),
                     np.array(bar_lens, dtype=np.int64), np.array([c[0] for c in chords], dtype=np.int64),
-                    tuple(c[1] for c in chords), res)
+                    tuple(c[1] for c in chords), res, a[:, 6], a[:, 7])
 
 
 def four_four_share(g: NoteGrid) -> float:
@@ -184,10 +189,11 @@ def bar_chords(g: NoteGrid) -> list[str | None]:
     return out
 
 
-def chord_match(g: NoteGrid, asked: list[str | None] | None = None) -> tuple[int, int]:
+def chord_match(g: NoteGrid, asked: list[str | None] | None = None, notes: np.ndarray | None = None) -> tuple[int, int]:
     """(bars whose asked chord is the best template match of their duration-weighted pitch-class
     content, bars counted). `asked`: one chord name per bar (default: the chord tokens' own,
-    bar_chords); bars asked N or None, or without pitched notes, are not counted."""
+    bar_chords); bars asked N or None, or without pitched notes, are not counted. `notes`: a
+    mask of the notes that count (an accompaniment's alone, say)."""
     from .chords import best_chord
 
     asked = bar_chords(g) if asked is None else asked
@@ -195,7 +201,7 @@ def chord_match(g: NoteGrid, asked: list[str | None] | None = None) -> tuple[int
     for b, name in enumerate(asked[: g.n_bars]):
         if name is None or name == "N":
             continue
-        sel = g.bar == b
+        sel = (g.bar == b) if notes is None else (g.bar == b) & notes
         best = best_chord(pitch_class_histogram(g, sel))
         if best is None:
             continue
@@ -252,6 +258,44 @@ def summary(ids, tok: REMITokenizer) -> dict:
         "bars_4_4": four_four_share(g), "silence": silent, "silence_in_empty_bars": silent_empty_bars,
         "beats_with_onset": beats_with_onset(g), "key_clarity": key_clarity(g), "repetition": repetition(g),
     }
+
+
+INTERVALS = {"unison": (0, 0), "steps": (1, 2), "thirds": (3, 4), "fourths_fifths": (5, 7), "leaps": (8, 127)}
+
+
+def part_summary(ids, tok: REMITokenizer) -> dict:
+    """The parts of a piece (tokenizers with parts): the share of bars with a melody note; how
+    often a melody onset holds one note; the melody's range, notes per bar and the histogram of
+    the steps of its top line (unison, steps, thirds, fourths and fifths, larger leaps); the bass
+    (the lowest piano-part note at each of its onsets) moving by a fourth or a fifth, among its
+    moves; and the spread (standard deviation) of all the notes' velocities."""
+    g = note_grid(ids, tok)
+    nan = float("nan")
+    out = {"velocity_spread": float(np.std(g.vel)) if len(g.vel) else nan}
+    melody = g.prog == tok.part_id("melody") if tok.config.parts else np.zeros(len(g.pitch), dtype=bool)
+    piano = g.prog == tok.part_id("piano") if tok.config.parts else ~g.drum
+    bars = max(g.n_bars, 1)
+    out["melody_bars"] = float(len(np.unique(g.bar[melody])) / bars)
+    out["melody_notes_per_bar"] = float(melody.sum() / bars)
+    if melody.sum() >= 2:
+        onsets, first, counts = np.unique(g.onset[melody], return_index=True, return_counts=True)
+        top = np.array([g.pitch[melody][g.onset[melody] == o].max() for o in onsets])
+        out["melody_mono"] = float(np.mean(counts == 1))
+        out["melody_range"] = float(g.pitch[melody].max() - g.pitch[melody].min())
+        steps = np.abs(np.diff(top))
+        for name, (lo, hi) in INTERVALS.items():
+            out[f"melody_{name}"] = float(np.mean((steps >= lo) & (steps <= hi))) if len(steps) else nan
+    else:
+        out.update({k: nan for k in ("melody_mono", "melody_range", *(f"melody_{n}" for n in INTERVALS))})
+    if piano.sum() >= 2:
+        onsets = np.unique(g.onset[piano])
+        bass = np.array([g.pitch[piano][g.onset[piano] == o].min() for o in onsets])
+        moves = np.abs(np.diff(bass))
+        moves = moves[moves > 0] % 12
+        out["bass_fourth_fifth"] = float(np.mean((moves == 5) | (moves == 7))) if len(moves) else nan
+    else:
+        out["bass_fourth_fifth"] = nan
+    return out
 
 
 def style_histogram(g: NoteGrid, sel: np.ndarray | None = None) -> np.ndarray:

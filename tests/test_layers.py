@@ -12,7 +12,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "spemusic"
 ROWS = [
     ["cli"],
     ["pieces", "train", "evaluate", "play", "release"],
-    ["sampling", "prompts", "data", "pianoroll", "audio", "metrics", "keys"],
+    ["sampling", "prompts", "accompany", "data", "pianoroll", "audio", "metrics", "keys"],
     ["checkpoint", "device", "cache"],
     ["model"],
     ["spe", "attention", "recurrent", "positional", "fused", "compiled"],
