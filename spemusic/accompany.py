@@ -196,7 +196,8 @@ def _beats_of_melody(path: Path, melody: symusic.Score):
 
     check_input_file(path)
     beats = read_beats(path)
-    end = melody.to("second").end()
+    notes = melody.to("second").tracks[0].notes.numpy()
+    end = float((notes["time"] + notes["duration"]).max())
     keep = min(int(np.searchsorted(beats.times, end + 1.0, side="right")) + 1, len(beats.times))
     return Beats(beats.times[:keep], beats.downbeat[:keep], beats.source)
 
