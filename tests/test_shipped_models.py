@@ -75,5 +75,7 @@ def test_continue_says_which_instruments_of_the_prompt_stop(run_cli, midi_factor
                            "-o", tmp_path / "more.mid")
     assert code == 0, err
     flat = " ".join(err.split())
-    assert "the model did not continue Electric Bass (finger) and drums of the prompt" in flat, err
-    assert "the new bars play Acoustic Grand Piano" in flat
+    # pop-piano writes its parts (melody, bridge, piano), not the prompt's GM programs
+    said = flat.split("the model did not continue ")[1].split(" of the prompt")[0]
+    assert "Electric Bass (finger)" in said and "drums" in said, err
+    assert "the new bars play" in flat and "piano" in flat.split("the new bars play")[1], err
