@@ -19,7 +19,7 @@ import symusic
 from .errors import MidiError, OptionError
 from .files import check_input_file
 from .grammar import BAR, NOTE_END, POSITION, TIMESIG, GrammarState
-from .tokenizer import CHORD, PROGRAM, REMITokenizer, part_of_track, read_midi
+from .tokenizer import CHORD, PROGRAM, TEMPO, REMITokenizer, part_of_track, read_midi
 
 
 @dataclass
@@ -34,6 +34,8 @@ class HeldMelody:
 
     bars: list[MelodyBar]
     tokenizer: REMITokenizer
+    melody_id: int                           # Program_melody: the model never writes it
+    first_tempo: int | None                  # the melody's opening Tempo token
     due: dict[int, list[int]] = field(default_factory=dict)  # piece -> tokens still to force at this onset
 
     @classmethod
@@ -55,11 +57,8 @@ class HeldMelody:
                 bars[-1].onsets[-1][1].append(t)
         for bar in bars:  # an onset that held only a chord change is no melody onset
             bar.onsets = [(p, toks) for p, toks in bar.onsets if any(kinds[t] == PROGRAM for t in toks)]
-        return cls(bars, tokenizer)
-
-    @property
-    def melody_id(self) -> int:
-        return self.tokenizer.part_id("melody")
+        tempos = [t for bar in bars for _, toks in bar.onsets for t in toks if kinds[t] == TEMPO]
+        return cls(bars, tokenizer, tokenizer.part_id("melody"), tempos[0] if tempos else None)
 
     def _next_onset(self, st: GrammarState) -> int | None:
         """The melody's next onset in the current bar after position st.pos (None: none left)."""
@@ -67,8 +66,9 @@ class HeldMelody:
             return None
         return next((p for p, _ in self.bars[st.bars - 1].onsets if p > st.pos), None)
 
-    def restrict(self, piece: int, st: GrammarState, mask: np.ndarray) -> None:
-        """Narrow `mask` (the tokens allowed next) to what keeps the melody as written."""
+    def restrict(self, piece: int, st: GrammarState, mask: np.ndarray) -> int | None:
+        """Narrow `mask` (the tokens allowed next) to what keeps the melody as written; the token
+        the piece must take next, if only one is left (the sampler takes it whatever its odds)."""
         tok = self.tokenizer
         mask[self.melody_id] = False
         tempo_lo, tempo_hi = tok.range("Tempo")
@@ -80,15 +80,17 @@ class HeldMelody:
             if chord_ok is not None and tok.config.chords:  # a chord change may open the onset
                 lo, hi = tok.range("Chord")
                 mask[lo:hi] = chord_ok[lo:hi]
-            return
-        if st.tempo >= 0:  # the melody's tempo map, not the model's
+            return due[0] if mask.sum() == 1 else None
+        if mask[tempo_lo:tempo_hi].any():  # the melody's tempo map, not the model's
             mask[tempo_lo:tempo_hi] = False
+            if st.tempo < 0 and self.first_tempo is not None:  # the model's onset opens the piece
+                mask[self.first_tempo] = True
         if st.last == BAR and 1 <= st.bars <= len(self.bars):
             ts = self.bars[st.bars - 1].timesig
             if ts is not None and mask[ts]:
                 mask[:] = False
                 mask[ts] = True
-                return
+                return ts
             mask[tok.range("TimeSig")[0]:tok.range("TimeSig")[1]] = False
         if st.last in (BAR, TIMESIG, NOTE_END) or mask[tok.bar_id]:
             nxt = self._next_onset(st)
@@ -99,6 +101,7 @@ class HeldMelody:
                 mask[tok.eos_id] = False
         if not mask.any():  # (never: the grammar always allows the melody's own next onset)
             raise RuntimeError("accompany: no token keeps the melody")
+        return None
 
     def advance(self, piece: int, st: GrammarState, token: int) -> None:
         """After `token` was taken (st already advanced): what the melody forces next."""
@@ -119,15 +122,6 @@ class HeldMelody:
                 self.due[piece] = list(toks)
         elif int(self.tokenizer.kinds[token]) == BAR:
             self.due.pop(piece, None)
-
-    def first_tempo(self) -> int | None:
-        lo, hi = self.tokenizer.range("Tempo")
-        for bar in self.bars:
-            for _, toks in bar.onsets:
-                for t in toks:
-                    if lo <= t < hi:
-                        return t
-        return None
 
 
 @dataclass

@@ -474,6 +474,17 @@ Precision = _choices("Precision", TRAIN_PRECISIONS)
 StepPrecision = _choices("StepPrecision", STEP_PRECISIONS)
 
 
+# the sampling options generate, continue and accompany share (one typer option each, reused)
+TEMPERATURE_OPTION = typer.Option(1.0, help="Softmax temperature (> 0).")
+TOP_P_OPTION = typer.Option(None, "--top-p", help=TOP_P_HELP)
+ONSET_TOP_P_OPTION = typer.Option(None, "--onset-top-p", help=ONSET_TOP_P_HELP)
+REPEAT_OPTION = typer.Option(None, "--repeat", help=REPEAT_HELP)
+HOLE_PENALTY_OPTION = typer.Option(None, "--hole-penalty", help=HOLE_PENALTY_HELP)
+STACKING_OPTION = typer.Option(None, "--stacking", help=STACKING_HELP)
+TOP_K_OPTION = typer.Option(0, "--top-k", help="Keep the K most likely tokens; 0 turns it off.")
+SEED_OPTION = typer.Option(None, help="Random seed: same seed, options and model give the same file. "
+                          "\\[default: a new one, printed]")
+
 PARTS_HELP = "Parts to play, comma-separated: melody, bridge, piano (models with parts, such as pop-piano)."
 
 STEP_PRECISION_HELP = ("Weights of the generation step. Half precision reads half the bytes per token (1.6x faster "
@@ -836,16 +847,15 @@ def generate(
     length: int | None = typer.Option(None, "--length", "-n", help="Tokens to sample."),
     bars: int | None = typer.Option(None, "--bars", help="Bars to sample (instead of --length)."),
     num: int = typer.Option(1, "--num", help="Pieces, sampled together in one batch."),
-    temperature: float = typer.Option(1.0, help="Softmax temperature (> 0)."),
-    top_p: float | None = typer.Option(None, "--top-p", help=TOP_P_HELP),
+    temperature: float = TEMPERATURE_OPTION,
+    top_p: float | None = TOP_P_OPTION,
     bar_top_p: float | None = typer.Option(None, "--bar-top-p", help=BAR_TOP_P_HELP),
-    onset_top_p: float | None = typer.Option(None, "--onset-top-p", help=ONSET_TOP_P_HELP),
-    repeat: float | None = typer.Option(None, "--repeat", help=REPEAT_HELP),
-    hole_penalty: float | None = typer.Option(None, "--hole-penalty", help=HOLE_PENALTY_HELP),
-    stacking: float | None = typer.Option(None, "--stacking", help=STACKING_HELP),
-    top_k: int = typer.Option(0, "--top-k", help="Keep the K most likely tokens; 0 turns it off."),
-    seed: int | None = typer.Option(None, help="Random seed: same seed, options and model give the same file. "
-                                       "\\[default: a new one, printed]"),
+    onset_top_p: float | None = ONSET_TOP_P_OPTION,
+    repeat: float | None = REPEAT_OPTION,
+    hole_penalty: float | None = HOLE_PENALTY_OPTION,
+    stacking: float | None = STACKING_OPTION,
+    top_k: int = TOP_K_OPTION,
+    seed: int | None = SEED_OPTION,
     meter: str | None = typer.Option(None, "--meter", help="Opening time signature, e.g. 3/4 \\[default: the "
                                         "model's most likely]"),
     tempo: float | None = typer.Option(None, "--tempo", help="Opening tempo in BPM \\[default: the model's choice]"),
@@ -916,16 +926,15 @@ def continue_(
     length: int | None = typer.Option(None, "--length", "-n", help="Tokens to add."),
     bars: int | None = typer.Option(None, "--bars", help="Bars to add (instead of --length)."),
     num: int = typer.Option(1, "--num", help="Continuations, sampled together in one batch."),
-    temperature: float = typer.Option(1.0, help="Softmax temperature (> 0)."),
-    top_p: float | None = typer.Option(None, "--top-p", help=TOP_P_HELP),
+    temperature: float = TEMPERATURE_OPTION,
+    top_p: float | None = TOP_P_OPTION,
     bar_top_p: float | None = typer.Option(None, "--bar-top-p", help=BAR_TOP_P_HELP),
-    onset_top_p: float | None = typer.Option(None, "--onset-top-p", help=ONSET_TOP_P_HELP),
-    repeat: float | None = typer.Option(None, "--repeat", help=REPEAT_HELP),
-    hole_penalty: float | None = typer.Option(None, "--hole-penalty", help=HOLE_PENALTY_HELP),
-    stacking: float | None = typer.Option(None, "--stacking", help=STACKING_HELP),
-    top_k: int = typer.Option(0, "--top-k", help="Keep the K most likely tokens; 0 turns it off."),
-    seed: int | None = typer.Option(None, help="Random seed: same seed, options and model give the same file. "
-                                       "\\[default: a new one, printed]"),
+    onset_top_p: float | None = ONSET_TOP_P_OPTION,
+    repeat: float | None = REPEAT_OPTION,
+    hole_penalty: float | None = HOLE_PENALTY_OPTION,
+    stacking: float | None = STACKING_OPTION,
+    top_k: int = TOP_K_OPTION,
+    seed: int | None = SEED_OPTION,
     output: str | None = typer.Option(None, "-o", "--output", help="Output .mid (OUT-1.mid … with --num), or a "
                                          "folder. \\[default: PROMPT-continued.mid in the current folder]"),
     only_continuation: bool = typer.Option(False, "--only-continuation", help="Write only the new bars."),
@@ -1097,8 +1106,6 @@ def _generate_or_continue(model_name, prompt_path, prompt_bars, length, bars, nu
                     chord_strength=chord_strength, key=key, overlaps="layers" if keep_overlaps else "trim",
                     weights_dtype={"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}.get(
                         precision.value))  # auto: None, the sampler picks
-    if parts is not None and not tok.config.parts:
-        raise SpemusicError(f"--parts: {model_name or 'pop-piano'} has no parts (melody, bridge, piano)")
     if prompt is None:
         def run(**callbacks):
             return generate(model, tok, meter=meter, tempo=tempo, parts=parts, **sampling, **callbacks)
@@ -1135,15 +1142,14 @@ def accompany(
                                      "track with notes) \\[default: the one named MELODY, or the only one]"),
     parts: str = typer.Option("bridge,piano", "--parts", help=PARTS_HELP.replace("play", "write under the melody")),
     num: int = typer.Option(1, "--num", help="Accompaniments, sampled together in one batch."),
-    temperature: float = typer.Option(1.0, help="Softmax temperature (> 0)."),
-    top_p: float | None = typer.Option(None, "--top-p", help=TOP_P_HELP),
-    onset_top_p: float | None = typer.Option(None, "--onset-top-p", help=ONSET_TOP_P_HELP),
-    repeat: float | None = typer.Option(None, "--repeat", help=REPEAT_HELP),
-    hole_penalty: float | None = typer.Option(None, "--hole-penalty", help=HOLE_PENALTY_HELP),
-    stacking: float | None = typer.Option(None, "--stacking", help=STACKING_HELP),
-    top_k: int = typer.Option(0, "--top-k", help="Keep the K most likely tokens; 0 turns it off."),
-    seed: int | None = typer.Option(None, help="Random seed: same seed, options and model give the same file. "
-                                       "\\[default: a new one, printed]"),
+    temperature: float = TEMPERATURE_OPTION,
+    top_p: float | None = TOP_P_OPTION,
+    onset_top_p: float | None = ONSET_TOP_P_OPTION,
+    repeat: float | None = REPEAT_OPTION,
+    hole_penalty: float | None = HOLE_PENALTY_OPTION,
+    stacking: float | None = STACKING_OPTION,
+    top_k: int = TOP_K_OPTION,
+    seed: int | None = SEED_OPTION,
     beats: Path | None = typer.Option(None, "--beats", help="Beat annotation of the melody file (time, beat-in-bar; "
                                          "or POP909's three columns): its bars are the annotated ones."),
     chords: str | None = typer.Option(None, "--chords", help="Chord progression, one chord per bar of the melody, "
@@ -1266,13 +1272,13 @@ def play(
     prompt: Path | None = typer.Option(None, "--prompt", help="MIDI file to continue (it is not played)."),
     bars: int | None = typer.Option(None, "--bars", help="Bars to play \\[default: no end; Ctrl-C stops at the "
                                        "end of a bar]"),
-    temperature: float = typer.Option(1.0, help="Softmax temperature (> 0)."),
-    top_p: float | None = typer.Option(None, "--top-p", help=TOP_P_HELP),
+    temperature: float = TEMPERATURE_OPTION,
+    top_p: float | None = TOP_P_OPTION,
     bar_top_p: float | None = typer.Option(None, "--bar-top-p", help=BAR_TOP_P_HELP),
-    onset_top_p: float | None = typer.Option(None, "--onset-top-p", help=ONSET_TOP_P_HELP),
-    repeat: float | None = typer.Option(None, "--repeat", help=REPEAT_HELP),
-    hole_penalty: float | None = typer.Option(None, "--hole-penalty", help=HOLE_PENALTY_HELP),
-    stacking: float | None = typer.Option(None, "--stacking", help=STACKING_HELP),
+    onset_top_p: float | None = ONSET_TOP_P_OPTION,
+    repeat: float | None = REPEAT_OPTION,
+    hole_penalty: float | None = HOLE_PENALTY_OPTION,
+    stacking: float | None = STACKING_OPTION,
     seed: int | None = typer.Option(None, help="Random seed \\[default: a new one, printed]"),
     port: str | None = typer.Option(None, "--port", help="Send MIDI to this output port (mido with python-rtmidi)."),
     to_stdout: bool = typer.Option(False, "--stdout", help="Write raw audio to stdout: 16-bit stereo at 44.1 kHz, "

@@ -435,12 +435,12 @@ class _Pieces:
     whether it is done (a done piece is fed PAD while the others go on)."""
 
     def __init__(self, num: int, prompt: np.ndarray, grammar: REMIGrammar, steer: _Steering, bars: int | None,
-                 max_new: int, held=None, banned: np.ndarray | None = None):
+                 max_new: int, held=None):
         self.grammar, self.steer, self.bars, self.max_new = grammar, steer, bars, max_new
-        self.held, self.banned = held, banned  # a melody held fixed (accompany.HeldMelody); tokens never written
+        self.held = held  # a melody held fixed (accompany.HeldMelody)
         self.keep = len(prompt)
         self.from_scratch = len(prompt) == 1 and held is None
-        self.forced: list[int | None] = [None] * num  # the one token a piece may take next, if so
+        self.forced: list[int | None] = [None] * num  # with a held melody: the one token a piece must take next
         self.states = [GrammarState() for _ in range(num)]
         for st in self.states:
             for t in prompt:
@@ -463,13 +463,8 @@ class _Pieces:
                 masks[b, self.grammar.tok.bar_id] = True
             else:
                 masks[b] = self.steer.mask(st, self.bars_started[b], self.from_scratch)
-                if self.banned is not None:
-                    kept = masks[b] & ~self.banned
-                    masks[b] = kept if kept.any() else masks[b]
                 if self.held is not None:
-                    self.held.restrict(b, st, masks[b])
-            allowed = np.flatnonzero(masks[b])
-            self.forced[b] = int(allowed[0]) if len(allowed) == 1 else None
+                    self.forced[b] = self.held.restrict(b, st, masks[b])
         self.force_bar = False
         return masks
 
@@ -528,7 +523,11 @@ def sample(model: Performer, tokenizer: REMITokenizer, *, num: int = 1, length: 
     model.eval()
     model.resample(seed)
     device = next(model.parameters()).device
-    steer = _Steering.of(tokenizer, grammar, model.trained_tokens, chords, chord_strength, meter, tempo, bars, device)
+    trained = model.trained_tokens
+    banned = banned_parts(tokenizer, parts)
+    if banned is not None:  # the parts not asked for leave the vocabulary the pieces keep to
+        trained = ~banned if trained is None else trained & ~banned
+    steer = _Steering.of(tokenizer, grammar, trained, chords, chord_strength, meter, tempo, bars, device)
     onset_ids = OnsetTokens.of(tokenizer, device)
     gen = torch.Generator(device="cpu").manual_seed(seed)
 
@@ -538,7 +537,7 @@ def sample(model: Performer, tokenizer: REMITokenizer, *, num: int = 1, length: 
     _check_absolute_pe_reach(model, len(prompt), length)
     # (with --bars, a piece that never closes its bars is stopped all the same)
     pieces = _Pieces(num, prompt, grammar, steer, bars, max_new=length if length is not None else bars * 4096,
-                     held=held, banned=banned_parts(tokenizer, parts))
+                     held=held)
     batch_prompt = torch.from_numpy(np.tile(prompt, (num, 1))).to(device)
     # with --chords, a bar copies only from moments under its own chord: the harmony is the user's
     by_chord = chords is not None and options.repeat > 0
