@@ -109,11 +109,11 @@ MODEL_SAMPLING = {
     # groove's continuations keep closer to their prompt's style with a nucleus of 0.95 (the style
     # similarity of both: benchmarks/music_metrics.py --only groove)
     "groove": dict(top_p=0.95, bar_top_p=0.95),
-    # pop-piano's pieces repeat their earlier bars about as much as POP909's songs with the
-    # continuous cache (spemusic.cache), and leave fewer holes with the far onsets cut and the
-    # onsets that would leave a hole discouraged; and stack as many notes per onset with the odds
-    # of a third note and more tempered
-    "pop-piano": dict(repeat=0.9, onset_top_p=0.9, hole_penalty=4.0, stacking=0.8),
+    # pop-piano leaves fewer holes with the far onsets cut and the onsets that would leave a hole
+    # discouraged, and stacks as many notes per onset with the odds of a third note and more
+    # tempered. The continuous cache (--repeat) is off: with parts it made the melody repeat its
+    # own notes instead of moving by steps (docs/sampling.md)
+    "pop-piano": dict(onset_top_p=0.9, hole_penalty=4.0, stacking=0.8),
 }
 def _sampling_default(key: str) -> str:
     """'[default: …]' of a sampling option, from SAMPLING_DEFAULTS and MODEL_SAMPLING."""
