@@ -1,4 +1,4 @@
-"""The modules' layers (README, Development: the layout picture): a module imports only from its own
+"""The modules' layers (docs/design.md, Package layout: the picture): a module imports only from its own
 row or the rows below, and every module has its row."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "spemusic"
 
-# top to bottom, as in the README's picture
+# top to bottom, as in the picture of docs/design.md
 ROWS = [
     ["cli"],
     ["pieces", "train", "evaluate", "play", "release"],
