@@ -1051,6 +1051,29 @@ def _say_key_moves(paths, moves, key) -> None:
         err.print(f"{path}: found in {found}; {moves}", highlight=False)
 
 
+def _before_sampling(num, seed, chord_strength, temperature, top_k, asked, device, output, overwrite, png, audio,
+                     threads):
+    """What generate, continue and accompany check before any work (the options in range, the
+    device there, the outputs writable), and the threads they sample on: (seed, output paths,
+    the SoundFont for --audio)."""
+    from .device import pick_device
+    from .prompts import output_paths
+
+    if not 1 <= num <= MAX_PIECES:
+        raise SpemusicError(f"--num must be between 1 and {MAX_PIECES} (got {num}); run several times for more")
+    seed = _seed_or_new(seed)
+    if not (math.isfinite(chord_strength) and chord_strength >= 0):
+        raise SpemusicError(f"--chord-strength must be a number of 0 or more (got {chord_strength})")
+    _sampling_options({}, temperature, top_k, **asked)
+    pick_device(device, auto=False)
+    paths = output_paths(output, num, overwrite)
+    soundfont = _check_extra_outputs(paths, png, audio, overwrite)
+    # one recurrent step is a chain of small matrix products: a second thread gains little on an
+    # idle machine and loses much on a busy one (benchmarks/results/threads.txt)
+    _set_threads(threads, 1 if device == "cpu" else None)
+    return seed, paths, soundfont
+
+
 def _generate_or_continue(model_name, prompt_path, prompt_bars, length, bars, num, temperature, top_p, top_k, seed,
                           output, overwrite, device, precision, as_json, only_continuation, beats=None, chords=None,
                           keep_overlaps=False, png=False, meter=None, tempo=None, threads=None, chord_strength=0.0,
@@ -1059,26 +1082,15 @@ def _generate_or_continue(model_name, prompt_path, prompt_bars, length, bars, nu
     import torch
 
     from .checkpoint import load_model
-    from .device import pick_device
     from .pieces import continue_prompt, generate
-    from .prompts import load_prompt, output_paths
+    from .prompts import load_prompt
     from .tokenizer import REMITokenizer
 
     _check_model_names(model_name)
-    if not 1 <= num <= MAX_PIECES:
-        raise SpemusicError(f"--num must be between 1 and {MAX_PIECES} (got {num}); run several times for more")
-    seed = _seed_or_new(seed)
-    if not (math.isfinite(chord_strength) and chord_strength >= 0):
-        raise SpemusicError(f"--chord-strength must be a number of 0 or more (got {chord_strength})")
     asked = dict(top_p=top_p, bar_top_p=bar_top_p, onset_top_p=onset_top_p, repeat=repeat,
                  hole_penalty=hole_penalty, stacking=stacking)
-    _sampling_options({}, temperature, top_k, **asked)  # refused before any work when out of range
-    pick_device(device, auto=False)
-    paths = output_paths(output, num, overwrite)
-    soundfont = _check_extra_outputs(paths, png, audio, overwrite)
-    # one recurrent step is a chain of small matrix products: a second thread gains little on an
-    # idle machine and loses much on a busy one (benchmarks/results/threads.txt)
-    _set_threads(threads, 1 if device == "cpu" else None)
+    seed, paths, soundfont = _before_sampling(num, seed, chord_strength, temperature, top_k, asked, device, output,
+                                              overwrite, png, audio, threads)
     prompt = None
     if prompt_path is not None:
         # read the prompt with the default tokenizer to pick a model, then with the model's own
@@ -1180,27 +1192,18 @@ def accompany(
     from .accompany import load_melody
     from .checkpoint import load_model
     from .chords import parse_chords
-    from .device import pick_device
     from .pieces import accompany as accompany_melody
-    from .prompts import output_paths
     from .tokenizer import parse_parts
 
     _check_model_names(model)
     wanted = parse_parts(parts)
     if "melody" in wanted:
         raise SpemusicError("--parts: the melody is the file's; name the parts to write under it (bridge, piano)")
-    if not 1 <= num <= MAX_PIECES:
-        raise SpemusicError(f"--num must be between 1 and {MAX_PIECES} (got {num}); run several times for more")
-    seed = _seed_or_new(seed)
-    if not (math.isfinite(chord_strength) and chord_strength >= 0):
-        raise SpemusicError(f"--chord-strength must be a number of 0 or more (got {chord_strength})")
     progression = parse_chords(chords) if chords is not None else None
     asked = dict(top_p=top_p, onset_top_p=onset_top_p, repeat=repeat, hole_penalty=hole_penalty, stacking=stacking)
-    _sampling_options({}, temperature, top_k, **asked)
-    pick_device(device, auto=False)
-    paths = output_paths(output or Path(f"{melody.with_suffix('').name}-accompanied.mid"), num, overwrite)
-    soundfont = _check_extra_outputs(paths, png, audio, overwrite)
-    _set_threads(threads, 1 if device == "cpu" else None)
+    seed, paths, soundfont = _before_sampling(num, seed, chord_strength, temperature, top_k, asked, device,
+                                              output or Path(f"{melody.with_suffix('').name}-accompanied.mid"),
+                                              overwrite, png, audio, threads)
     net, tok, info = load_model(model, device=device, return_info=True)
     _say_which_checkpoint(model)
     held = load_melody(melody, tok, track, beats)

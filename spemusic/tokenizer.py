@@ -789,9 +789,10 @@ class REMITokenizer:
         p.tpq = int(mf.ticks_per_beat)
         if p.tpq <= 0:
             raise MidiError(f"{name}: invalid ticks per beat ({p.tpq})")
+        codes = [self._program_code(inst.name, inst.is_drum, inst.program) for inst in mf.instruments]
         rows = [
-            (n.start, n.end - n.start, n.pitch, n.velocity, self._program_code(inst.name, inst.is_drum, inst.program))
-            for inst in mf.instruments
+            (n.start, n.end - n.start, n.pitch, n.velocity, code)
+            for inst, code in zip(mf.instruments, codes)
             for n in inst.notes
         ]
         if not rows:
