@@ -485,6 +485,8 @@ TOP_K_OPTION = typer.Option(0, "--top-k", help="Keep the K most likely tokens; 0
 SEED_OPTION = typer.Option(None, help="Random seed: same seed, options and model give the same file. "
                           "\\[default: a new one, printed]")
 
+PART_PROGRAMS_OPTION = typer.Option(None, "--part-programs", help="The GM program each part's track plays, e.g. "
+                                    "melody=73,bridge=48 (flute, strings) \\[default: piano]")
 PARTS_HELP = "Parts to play, comma-separated: melody, bridge, piano (models with parts, such as pop-piano)."
 
 STEP_PRECISION_HELP = ("Weights of the generation step. Half precision reads half the bytes per token (1.6x faster "
@@ -878,6 +880,7 @@ def generate(
     audio: bool = typer.Option(False, "--audio", help="Also render each piece, OUT.wav beside OUT.mid (SoundFont: "
                                "$SPEMUSIC_SOUNDFONT, or as `spemusic render` finds one)."),
     parts: str | None = typer.Option(None, "--parts", help=PARTS_HELP + " \\[default: all the model's parts]"),
+    part_programs: str | None = PART_PROGRAMS_OPTION,
     threads: int | None = typer.Option(None, "--threads", help=THREADS_HELP + "1: a recurrent step is too "
                                           "small to share (benchmarks/threads.py)]"),
 ):
@@ -911,7 +914,7 @@ def generate(
                           device, precision, as_json, False, chords=progression, keep_overlaps=keep_overlaps, png=png,
                           meter=meter, tempo=tempo, threads=threads, chord_strength=chord_strength, audio=audio,
                           bar_top_p=bar_top_p, key=key, repeat=repeat, onset_top_p=onset_top_p,
-                          hole_penalty=hole_penalty, stacking=stacking, parts=parts)
+                          hole_penalty=hole_penalty, stacking=stacking, parts=parts, part_programs=part_programs)
 
 
 @app.command("continue")
@@ -954,6 +957,7 @@ def continue_(
     png: bool = typer.Option(False, "--png", help="Also draw each piece's piano roll, OUT.png beside OUT.mid."),
     audio: bool = typer.Option(False, "--audio", help="Also render each piece, OUT.wav beside OUT.mid (SoundFont: "
                                "$SPEMUSIC_SOUNDFONT, or as `spemusic render` finds one)."),
+    part_programs: str | None = PART_PROGRAMS_OPTION,
     threads: int | None = typer.Option(None, "--threads", help=THREADS_HELP + "1: a recurrent step is too "
                                           "small to share (benchmarks/threads.py)]"),
 ):
@@ -981,7 +985,7 @@ def continue_(
                           from_bar=from_bar,
                           keep_overlaps=keep_overlaps, png=png, threads=threads, chord_strength=chord_strength,
                           audio=audio, bar_top_p=bar_top_p, repeat=repeat, onset_top_p=onset_top_p,
-                          hole_penalty=hole_penalty, stacking=stacking)
+                          hole_penalty=hole_penalty, stacking=stacking, part_programs=part_programs)
 
 
 def _check_extra_outputs(paths, png: bool, audio: bool, overwrite: bool):
@@ -1051,6 +1055,17 @@ def _say_key_moves(paths, moves, key) -> None:
         err.print(f"{path}: found in {found}; {moves}", highlight=False)
 
 
+def _set_part_programs(tok, text: str | None) -> None:
+    """--part-programs onto the tokenizer that decodes the pieces (a model without parts refuses it)."""
+    if text is None:
+        return
+    from .tokenizer import parse_part_programs
+
+    if not tok.config.parts:
+        raise SpemusicError("--part-programs: this model has no parts (melody, bridge, piano)")
+    tok.part_programs.update(parse_part_programs(text))
+
+
 def _before_sampling(num, seed, chord_strength, temperature, top_k, asked, device, output, overwrite, png, audio,
                      threads):
     """What generate, continue and accompany check before any work (the options in range, the
@@ -1078,7 +1093,7 @@ def _generate_or_continue(model_name, prompt_path, prompt_bars, length, bars, nu
                           output, overwrite, device, precision, as_json, only_continuation, beats=None, chords=None,
                           keep_overlaps=False, png=False, meter=None, tempo=None, threads=None, chord_strength=0.0,
                           audio=False, bar_top_p=None, key=None, from_bar=None, repeat=None, onset_top_p=None,
-                          hole_penalty=None, stacking=None, parts=None):
+                          hole_penalty=None, stacking=None, parts=None, part_programs=None):
     import torch
 
     from .checkpoint import load_model
@@ -1098,6 +1113,7 @@ def _generate_or_continue(model_name, prompt_path, prompt_bars, length, bars, nu
         if model_name is None:
             model_name = "groove" if prompt.only_drums else "pop-piano"
     model, tok, info = load_model(model_name or "pop-piano", device=device, return_info=True)
+    _set_part_programs(tok, part_programs)
     options = _sampling_options(info, temperature, top_k, **asked)
     _say_which_checkpoint(model_name)
     if chords is not None:
@@ -1153,6 +1169,7 @@ def accompany(
     track: str | None = typer.Option(None, "--track", help="The melody's track, by name or number (1 = the first "
                                      "track with notes) \\[default: the one named MELODY, or the only one]"),
     parts: str = typer.Option("bridge,piano", "--parts", help=PARTS_HELP.replace("play", "write under the melody")),
+    part_programs: str | None = PART_PROGRAMS_OPTION,
     num: int = typer.Option(1, "--num", help="Accompaniments, sampled together in one batch."),
     temperature: float = TEMPERATURE_OPTION,
     top_p: float | None = TOP_P_OPTION,
@@ -1205,6 +1222,7 @@ def accompany(
                                               output or Path(f"{melody.with_suffix('').name}-accompanied.mid"),
                                               overwrite, png, audio, threads)
     net, tok, info = load_model(model, device=device, return_info=True)
+    _set_part_programs(tok, part_programs)
     _say_which_checkpoint(model)
     held = load_melody(melody, tok, track, beats)
     if progression is not None:

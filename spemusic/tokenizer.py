@@ -154,6 +154,17 @@ def part_of_track(name: str) -> str | None:
     return key if key in PART_CODES else None
 
 
+def parse_part_programs(text: str) -> dict[int, int]:
+    """'melody=73,bridge=48' -> {part code: GM program}; a ConfigError names a bad item."""
+    out = {}
+    for item in (x.strip() for x in str(text).split(",") if x.strip()):
+        part, _, program = item.partition("=")
+        if not program.strip().isdigit() or not 0 <= int(program) <= 127:
+            raise ConfigError(f"part program {item!r}: write PART=PROGRAM with a GM program 0-127 (melody=73)")
+        out[PART_CODES[parse_parts(part)[0]]] = int(program)
+    return out
+
+
 def parse_parts(text: str) -> tuple[str, ...]:
     """'melody,piano' -> ('melody', 'piano'); a part that is not one of PARTS is a ConfigError."""
     names = tuple(dict.fromkeys(x.strip().lower() for x in str(text).split(",") if x.strip()))

@@ -123,3 +123,13 @@ def test_accompany_and_parts_errors(run_cli, tmp_path):
     code, _, err = run_cli("generate", "--model", "groove", "--bars", "1", "--parts", "piano", "-o", tmp_path / "g.mid")
     assert code != 0 and "has no parts" in err
     assert not any(tmp_path.glob("x*.mid")) and not (tmp_path / "out.mid").exists() and not (tmp_path / "g.mid").exists()
+
+
+def test_part_programs(run_cli, tmp_path):
+    out = tmp_path / "pp.mid"
+    code, _, err = run_cli("generate", "--bars", "2", "--seed", "1", "--part-programs", "melody=73,bridge=48", "-o", out)
+    assert code == 0, err
+    programs = {t.name: t.program for t in symusic.Score(str(out)).tracks}
+    assert programs.get("MELODY", 73) == 73 and programs.get("BRIDGE", 48) == 48 and programs.get("PIANO", 0) == 0
+    code, _, err = run_cli("generate", "--bars", "1", "--part-programs", "melody=300", "-o", tmp_path / "bad.mid")
+    assert code != 0 and "GM program 0-127" in err and not (tmp_path / "bad.mid").exists()
