@@ -197,8 +197,11 @@ def accompany_check(model, tok, valid_paths, opts, seed: int) -> dict:
     for i, path in enumerate(valid_paths):
         melody = load_melody(path, tok, beats=pop / "beats" / f"{path.stem}.txt")
         song = tok.encode(path, beats=pop / "beats" / f"{path.stem}.txt", chords=pop / "chords" / f"{path.stem}.txt")
+        # up to ACCOMPANY_BARS bars after the melody's first bar (a song may open on bars without it)
         bar_at = np.flatnonzero(melody.ids == tok.bar_id)
-        cut = melody.ids[: bar_at[ACCOMPANY_BARS]] if len(bar_at) > ACCOMPANY_BARS else melody.ids
+        first = int(np.searchsorted(bar_at, np.flatnonzero(melody.ids == melody_id)[0], side="right")) - 1
+        end = first + ACCOMPANY_BARS
+        cut = melody.ids[: bar_at[end]] if len(bar_at) > end else melody.ids
         bars = int(np.count_nonzero(cut == tok.bar_id))
         ids = sample(model, tok, num=1, bars=bars, seed=seed + 4000 + i, options=opts, parts=("melody", "bridge", "piano"),
                      held=HeldMelody.of(cut, tok)).ids[0]
@@ -214,7 +217,8 @@ def accompany_check(model, tok, valid_paths, opts, seed: int) -> dict:
         exact += mel(np.asarray(ids)) == mel(np.asarray(cut))
     gen, real = gen_hits / gen_bars, real_hits / real_bars
     ok = "met" if gen >= 0.85 * real else "MISSED"
-    print(f"\naccompany: {len(valid_paths)} valid songs' melodies, first {ACCOMPANY_BARS} bars: the song's annotated "
+    print(f"\naccompany: {len(valid_paths)} valid songs' melodies, up to {ACCOMPANY_BARS} bars from their first: the "
+          f"song's annotated "
           f"chord is the best template match of the accompaniment alone in {gen:.3f} of {gen_bars} bars, of the "
           f"song's own PIANO track in {real:.3f} of {real_bars} ({gen / real:.2f}x, goal >= 0.85x, {ok}); melody "
           f"token for token as given in {exact} of {len(valid_paths)}")

@@ -81,13 +81,14 @@ class HeldMelody:
                 lo, hi = tok.range("Chord")
                 mask[lo:hi] = chord_ok[lo:hi]
             return due[0] if mask.sum() == 1 else None
-        if mask[tempo_lo:tempo_hi].any():  # the melody's tempo map, not the model's
+        if st.tempo >= 0:  # the melody's tempo map, not the model's
             mask[tempo_lo:tempo_hi] = False
-            if st.tempo < 0 and self.first_tempo is not None:  # the model's onset opens the piece
-                mask[self.first_tempo] = True
+        elif self.first_tempo is not None and mask[tempo_lo:tempo_hi].any():  # the model's onset opens the piece
+            mask[tempo_lo:tempo_hi] = False
+            mask[self.first_tempo] = True
         if st.last == BAR and 1 <= st.bars <= len(self.bars):
             ts = self.bars[st.bars - 1].timesig
-            if ts is not None and mask[ts]:
+            if ts is not None:  # (a meter the model never trained on too: the melody's is the piece's)
                 mask[:] = False
                 mask[ts] = True
                 return ts
@@ -97,6 +98,7 @@ class HeldMelody:
             if nxt is not None:
                 lo = tok.range("Position")[0]
                 mask[lo + nxt + 1: tok.range("Position")[1]] = False
+                mask[lo + nxt] = True  # the melody's onset, even at a place the model never trained on
                 mask[tok.bar_id] = False
                 mask[tok.eos_id] = False
         if not mask.any():  # (never: the grammar always allows the melody's own next onset)

@@ -133,3 +133,21 @@ def test_part_programs(run_cli, tmp_path):
     assert programs.get("MELODY", 73) == 73 and programs.get("BRIDGE", 48) == 48 and programs.get("PIANO", 0) == 0
     code, _, err = run_cli("generate", "--bars", "1", "--part-programs", "melody=300", "-o", tmp_path / "bad.mid")
     assert code != 0 and "GM program 0-127" in err and not (tmp_path / "bad.mid").exists()
+
+
+def test_accompany_bars_before_the_melody(tmp_path):
+    """Bars before the melody's first note (a song's intro), even a span of them with no melody
+    note and so no tempo of its own, are the model's to fill."""
+    from spemusic import load_model
+    from spemusic.accompany import HeldMelody, load_melody
+    from spemusic.sampling import sample
+
+    model, tok = load_model("pop-piano")
+    late = [(p, s + 16, d, v) for p, s, d, v in MELODY]  # from bar 5
+    melody = load_melody(write_tracks(tmp_path / "late.mid", [("MELODY", 0, late)]), tok)
+    bar_at = np.flatnonzero(melody.ids == tok.bar_id)
+    for bars in (2, 6):
+        held = melody.ids[: bar_at[bars]] if bars < len(bar_at) else melody.ids
+        ids = sample(model, tok, num=1, bars=bars, seed=5, held=HeldMelody.of(held, tok)).ids[0]
+        assert REMIGrammar(tok).is_valid(ids) and np.count_nonzero(ids == tok.bar_id) == bars
+        assert melody_notes(ids, tok) == melody_notes(held, tok)
