@@ -354,7 +354,9 @@ class WindowSampler:
     """Training windows of `seq_len + 1` tokens starting at bar boundaries, padded with PAD at the
     end of a piece, with random transposition of pitched notes (drums untouched, pitches kept in
     range). A share PIECE_START_SHARE of windows start at a piece's beginning (BOS, first bar and
-    its time signature), the rest uniformly over all bar starts of the split.
+    its time signature), the rest uniformly over all bar starts of the split. Piece starts are
+    drawn in proportion to the pieces' bars, as the other windows are: drawn per piece, the Groove
+    set's 2-bar fills (58% of its train files, 4% of its music) opened most windows from BOS.
 
     Why the share: generation from scratch starts at BOS, and the first bar's time signature is
     then the model's to choose. Drawn uniformly over bar starts, piece starts would be one window
@@ -376,6 +378,8 @@ class WindowSampler:
             s = np.concatenate([[0], np.flatnonzero(seq == bar)])
             starts.append(np.stack([np.full_like(s, i), s], axis=1))
         self.starts = np.concatenate(starts)
+        bars = np.array([len(s) for s in starts], dtype=np.float64)
+        self.piece_weights = bars / bars.sum()
         self.pitch_lo, self.pitch_hi = self.tokenizer.range("Pitch")
 
     def window(self, seq_index: int, start: int) -> np.ndarray:
@@ -403,7 +407,7 @@ class WindowSampler:
     def sample(self, rng: np.random.Generator, batch_size: int, augment: bool = True) -> np.ndarray:
         at_start = rng.random(batch_size) < self.PIECE_START_SHARE
         picks = rng.integers(0, len(self.starts), size=batch_size)
-        pieces = rng.integers(0, len(self.sequences), size=batch_size)
+        pieces = rng.choice(len(self.sequences), size=batch_size, p=self.piece_weights)
         batch = [self.window(pieces[i], 0) if at_start[i] else self.window(*self.starts[picks[i]])
                  for i in range(batch_size)]
         if augment:
