@@ -9,7 +9,10 @@ sustain pedal is applied here, before rendering, by holding notes until the peda
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -75,6 +78,7 @@ def check_soundfont(path: Path, given_as: str) -> Path:
         head = f.read(12)
     if len(head) < 12 or head[:4] != b"RIFF" or head[8:12] != b"sfbk":
         raise SoundFontError(f"{given_as} {path}: not a SoundFont 2 file (no RIFF 'sfbk' header)")
+    _synthesizer(path, SAMPLE_RATE)  # a right header on a broken body is refused here, before any sampling
     return path
 
 
@@ -95,18 +99,80 @@ def hold_sustained_notes(score):
     return score
 
 
+SEGMENT_SECONDS = 30.0  # notes are synthesised 30 s of onsets at a time: memory stays flat in the song's length
+MP3_RATES = (8000, 11025, 12000, 16000, 22050, 24000, 32000, 44100, 48000)  # MPEG-1, 2 and 2.5 layer III
+
+
+def check_audio_format(dest: Path, sample_rate: int, label: str | None = None) -> str:
+    """The libsndfile format of `dest`'s suffix, refused before any work where it cannot be written."""
+    fmt = AUDIO_FORMATS.get(dest.suffix.lower())
+    label = label or str(dest)
+    if fmt is None:
+        raise SpemusicError(f"{label}: cannot write a {dest.suffix or 'suffix-less'} file; use {', '.join(AUDIO_FORMATS)}")
+    if fmt == "MP3" and sample_rate not in MP3_RATES:
+        raise SpemusicError(f"{label}: MP3 has no {sample_rate:,} Hz; use --sample-rate "
+                            f"{', '.join(map(str, MP3_RATES))}, or .flac, .ogg or .wav")
+    return fmt
+
+
+def _synthesizer(soundfont: Path, sample_rate: int):
+    import symusic
+
+    try:
+        return symusic.Synthesizer(str(soundfont), sample_rate)
+    except RuntimeError as e:
+        raise SoundFontError(f"{soundfont}: cannot read the SoundFont ({e})") from None
+
+
+def _check_memory(seconds_score, sample_rate: int) -> None:
+    """Refuse, before the work, a segment that could not be held: one with a note of hours."""
+    longest = max((float(n.duration) for t in seconds_score.tracks for n in t.notes), default=0.0)
+    need = (SEGMENT_SECONDS + longest + 10) * sample_rate * 2 * 4 * 3  # float32 stereo, the synth's own copies
+    free = _available_memory()
+    if free is not None and need > free:
+        raise MidiError(f"a note of {longest / 3600:.1f} hours would need about {need / 2**30:.0f} GiB to render; "
+                        f"{free / 2**30:.1f} GiB are free")
+
+
+def _available_memory() -> int | None:
+    try:
+        with open("/proc/meminfo") as f:
+            return int(dict(line.split(":", 1) for line in f)["MemAvailable"].split()[0]) * 1024
+    except (OSError, KeyError, ValueError):
+        return None
+
+
+def render_blocks(score, soundfont: Path, sample_rate: int = SAMPLE_RATE):
+    """The unnormalised stereo audio of `score`, float32 blocks of shape (frames, 2) in order. Each
+    segment's notes are synthesised alone and added where they sound (their release runs into the
+    next segments), so memory holds a segment, not the song; the sum is the whole render's."""
+    if score.note_num() == 0:
+        raise MidiError("no notes to render")
+    synth = _synthesizer(soundfont, sample_rate)
+    seconds = hold_sustained_notes(score).to("second")
+    _check_memory(seconds, sample_rate)
+    step = int(round(SEGMENT_SECONDS * sample_rate))
+    pending, at = np.zeros((0, 2), dtype=np.float32), 0  # audio from frame `at` on, still being summed
+    for start in range(0, int(np.ceil(float(seconds.end()) * sample_rate)) + 1, step):
+        part = seconds.clip(start / sample_rate, (start + step) / sample_rate, clip_end=False)
+        if part.note_num():
+            audio = synth.render(part.shift_time(-start / sample_rate), True).T
+            end = start + len(audio)
+            if end - at > len(pending):
+                pending = np.concatenate((pending, np.zeros((end - at - len(pending), 2), dtype=np.float32)))
+            pending[start - at:end - at] += audio
+        done = min(start + step - at, len(pending))  # frames before the next segment's onsets are final
+        if done > 0:
+            yield pending[:done]
+            pending, at = pending[done:], at + done
+    if len(pending):
+        yield pending
+
+
 def render(score, soundfont: Path, sample_rate: int = SAMPLE_RATE):
     """Stereo float32 audio, shape (frames, 2), peak at -1 dBFS. Tempo map, programs and drum
     tracks (channel 10) come from the score; the audio runs on to the end of the last release."""
-    import symusic
-
-    if score.note_num() == 0:
-        raise MidiError("no notes to render")
-    try:
-        synth = symusic.Synthesizer(str(soundfont), sample_rate)
-    except RuntimeError as e:
-        raise SoundFontError(f"{soundfont}: cannot read the SoundFont ({e})") from None
-    audio = np.ascontiguousarray(synth.render(hold_sustained_notes(score), True).T)
+    audio = np.concatenate(list(render_blocks(score, soundfont, sample_rate)))
     peak = float(np.abs(audio).max())
     if peak > 0:
         audio *= PEAK / peak
@@ -117,27 +183,59 @@ def write_audio(audio: np.ndarray, path: Path, sample_rate: int = SAMPLE_RATE) -
     """The encoded file's bytes, format by suffix (.wav 16-bit, .flac, .ogg, .mp3)."""
     import io
 
-    import soundfile
-
-    fmt = AUDIO_FORMATS[path.suffix.lower()]
     buffer = io.BytesIO()
-    subtype = {"WAV": "PCM_16", "FLAC": "PCM_16"}.get(fmt)
-    soundfile.write(buffer, audio, sample_rate, format=fmt, subtype=subtype)
+    _encode([audio], buffer, path, sample_rate)
     return buffer.getvalue()
 
 
-def render_file(src: Path, dest: Path, soundfont: Path, sample_rate: int = SAMPLE_RATE) -> float:
+def _encode(blocks, out, path: Path, sample_rate: int, gain: float = 1.0) -> None:
+    """Encode audio blocks into the binary file `out`, format by `path`'s suffix. In blocks: libsndfile
+    1.2.2 crashes writing a minute or more of Ogg Vorbis at once (python-soundfile #426)."""
+    import soundfile
+
+    fmt = check_audio_format(path, sample_rate)
+    subtype = {"WAV": "PCM_16", "FLAC": "PCM_16"}.get(fmt)
+    with _ctrl_c_between_blocks() as interrupted, \
+            soundfile.SoundFile(out, "w", sample_rate, 2, format=fmt, subtype=subtype) as f:
+        for block in blocks:
+            for i in range(0, len(block), 1 << 16):
+                if interrupted:
+                    raise KeyboardInterrupt
+                f.write(block[i:i + (1 << 16)] * gain)
+
+
+@contextlib.contextmanager
+def _ctrl_c_between_blocks():
+    """Hold a Ctrl-C until the block being encoded is written: raised inside libsndfile's write
+    callback, Python prints it and the write goes on."""
+    if threading.current_thread() is not threading.main_thread():
+        yield []
+        return
+    interrupted: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: interrupted.append(signum))
+    try:
+        yield interrupted
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def render_file(src: Path, dest: Path, soundfont: Path, sample_rate: int = SAMPLE_RATE, overwrite: bool = True) -> float:
     """Read a MIDI file and write its audio (the format from dest's suffix), atomically; returns
-    the audio's length in seconds."""
+    the audio's length in seconds. Two passes, in segments: the first finds the peak, the second
+    writes the normalised audio, so that neither the audio nor the encoded file is held whole."""
     from .files import write_output
     from .tokenizer import read_score
 
-    if dest.suffix.lower() not in AUDIO_FORMATS:
-        raise SpemusicError(f"{dest}: cannot write a {dest.suffix or 'suffix-less'} file; use {', '.join(AUDIO_FORMATS)}")
+    check_audio_format(dest, sample_rate)
     try:
-        audio = render(read_score(src), soundfont, sample_rate)
+        score = read_score(src)
+        frames, peak = 0, 0.0
+        for block in render_blocks(score, soundfont, sample_rate):
+            frames, peak = frames + len(block), max(peak, float(np.abs(block).max(initial=0.0)))
     except MidiError as e:
         msg = str(e)
         raise MidiError(msg if msg.startswith(str(src)) else f"{src}: {msg}") from None
-    write_output(write_audio(audio, dest, sample_rate), dest)
-    return len(audio) / sample_rate
+    gain = PEAK / peak if peak > 0 else 1.0
+    write_output(lambda out: _encode(render_blocks(score, soundfont, sample_rate), out, dest, sample_rate, gain),
+                 dest, overwrite)
+    return frames / sample_rate

@@ -63,6 +63,9 @@ def _rows(text: str) -> list[tuple[int, list[str]]]:
     return rows
 
 
+MIN_BEAT_SECONDS = 0.05  # 1,200 beats per minute: POP909's closest beats are 0.38 s apart
+
+
 def parse_beats(text: str, source: str = "<beats>") -> Beats:
     """Read a beat annotation (see the module docstring for the formats)."""
     rows = _rows(text)
@@ -88,6 +91,12 @@ def parse_beats(text: str, source: str = "<beats>") -> Beats:
             raise AnnotationError(f"{source} line {n}: times not increasing ({cols[0]} after {times[i - 1]:g})")
     if len(times) < 2:
         raise AnnotationError(f"{source}: needs at least two beats")
+    close = np.flatnonzero(np.diff(times) < MIN_BEAT_SECONDS)
+    if len(close):  # (a beat every 10 ms would make a bar of every note, and a grid of millions)
+        n = rows[close[0] + 1][0]
+        raise AnnotationError(f"{source} line {n}: a beat {times[close[0] + 1] - times[close[0]]:.3g} s after the one "
+                              f"before, faster than {60 / MIN_BEAT_SECONDS:,.0f} beats per minute; is it a beat "
+                              "annotation?")
     if not down.any():
         raise AnnotationError(f"{source}: no downbeat (no beat marked as the first of a bar)")
     return Beats(times, down, source)

@@ -114,16 +114,28 @@ def read_chords(path) -> list[ChordChange]:
     return out
 
 
+def _all_chords(text: str) -> bool:
+    try:
+        return all(parse_chord(label) for label in re.split(r"[\s,|]+", text.strip()) if label)
+    except ValueError:
+        return False
+
+
 def parse_chords(spec: str) -> list[str]:
     """A progression for ``generate --chords``: names separated by spaces, commas or bar lines,
     or a file with one chord per line (or several per line, one per bar)."""
     p = Path(spec)
     text = spec
-    if "\n" not in spec and p.suffix and p.is_file():
+    if "\n" not in spec and (p.exists() or p.is_symlink() or "/" in spec or p.suffix) and not _all_chords(spec):
+        from .files import check_input_file
+
+        check_input_file(p, missing="no such chord file")  # a folder, a FIFO or a device named as such
+        if p.stat().st_size > 1_000_000:
+            raise SpemusicError(f"{spec}: {p.stat().st_size:,} bytes is too big for a chord file")
         try:
             text = p.read_text()
         except (OSError, UnicodeDecodeError) as e:
-            raise SpemusicError(f"{spec}: cannot read chord file ({e})") from None
+            raise SpemusicError(f"{spec}: cannot read chord file ({getattr(e, 'strerror', None) or e})") from None
     names = []
     for label in re.split(r"[\s,|]+", text.strip()):
         if not label:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import signal
@@ -147,6 +148,7 @@ def _sampling_options(info: dict, temperature: float, top_k: int, **asked):
     options.check()
     return options
 INTERRUPTED_AND_SAID = 1130  # exit code 130, after a command's own message about the interruption
+MAX_CHORD_STRENGTH = 100  # nats: e^-100 leaves nothing but the chord tones; more overflows the logits
 MAX_PIECES = 256  # pieces sampled in one batch (each holds its own state, grammar and sequence)
 THREADS_HELP = "CPU threads \\[default: OMP_NUM_THREADS when set, else "
 
@@ -188,7 +190,7 @@ def _convert_many(inputs, output, suffixes, new_suffix, convert, what: str, over
             if dest.resolve() == src.resolve():
                 raise SpemusicError(f"{dest}: is the input itself; give another -o")
             check_output_file(dest, overwrite)
-        convert(src, dest)
+        convert(src, dest, overwrite)
         err.print(f"{what} {src} -> {dest}")
         return
     if output is None:
@@ -212,7 +214,7 @@ def _convert_many(inputs, output, suffixes, new_suffix, convert, what: str, over
         task = progress.add_task(what, total=len(pairs))
         for src, dest in jobs:
             try:
-                convert(src, dest)
+                convert(src, dest, overwrite)
             except SpemusicError as e:
                 failures.append(_message(e))
             progress.advance(task)
@@ -220,8 +222,9 @@ def _convert_many(inputs, output, suffixes, new_suffix, convert, what: str, over
         err.print(f"[yellow]skipped:[/] {escape(f)}", highlight=False)
     err.print(f"{len(pairs) - len(failures)} of {len(pairs)} files written to {output}"
               + (f", {len(failures)} skipped" if failures else ""))
-    if len(failures) == len(pairs):
-        raise typer.Exit(1)  # nothing written is a failure; some written is a success with its skip list
+    if len(failures) == len(pairs):  # nothing written is a failure; some written is a success with its skip list
+        raise SpemusicError(f"no file written: all {len(pairs)} inputs were skipped" if len(pairs) > 1 else
+                            "no file written: the input was skipped")
 
 
 @app.command()
@@ -264,7 +267,7 @@ def tokenize(
                 return find_annotation(given, src.relative_to(root).as_posix(), suffixes)
         return find_annotation(given, src.name, suffixes)
 
-    def convert(src: Path, dest: Path) -> None:
+    def convert(src: Path, dest: Path, overwrite: bool) -> None:
         ids, stats = tok.encode_with_stats(src, beats=annotation(src, beats, BEAT_SUFFIXES),
                                            chords=annotation(src, chords, CHORD_SUFFIXES))
         for warning in stats["warnings"]:  # what the reader policy skipped or clipped
@@ -273,7 +276,7 @@ def tokenize(
         for i, name in zip(ids.tolist(), tok.ids_to_tokens(ids)):
             meaning = tok.describe(i)  # what the bin means, after the token: readers take the first field
             lines.append(f"{name:<16} ; {meaning}" if meaning else name)
-        write_output(("\n".join(lines) + "\n").encode(), dest)
+        write_output(("\n".join(lines) + "\n").encode(), dest, overwrite)
 
     _convert_many(inputs, output, {".mid", ".midi"}, ".txt", convert, "tokenized", overwrite)
 
@@ -310,8 +313,8 @@ def show(
         raise SpemusicError(f"--format {fmt}: use png, svg or pdf")
     if output is not None and Path(output).suffix.lower() in FORMATS:
         suffix = Path(output).suffix.lower()
-    _convert_many(inputs, output, {".mid", ".midi"}, suffix, lambda src, dest: draw_file(src, dest, bar_range, pixels),
-                  "drew", overwrite)
+    _convert_many(inputs, output, {".mid", ".midi"}, suffix,
+                  lambda src, dest, overwrite: draw_file(src, dest, bar_range, pixels, overwrite), "drew", overwrite)
 
 
 @app.command("render")
@@ -338,16 +341,19 @@ def render_(
     spemusic render sketches/ -o audio/ --format mp3
     """
     import_native_libraries(with_torch=False)
-    from .audio import AUDIO_FORMATS, find_soundfont, render_file
+    from .audio import AUDIO_FORMATS, check_audio_format, find_soundfont, render_file
 
     suffix = "." + fmt.lower().lstrip(".")
     if suffix not in AUDIO_FORMATS:
         raise SpemusicError(f"--format {fmt}: use {', '.join(s.lstrip('.') for s in AUDIO_FORMATS)}")
     if output is not None and Path(output).suffix.lower() in AUDIO_FORMATS:
         suffix = Path(output).suffix.lower()
+    named = output is not None and Path(output).suffix.lower() in AUDIO_FORMATS
+    check_audio_format(Path("out" + suffix), sample_rate, f"-o {output}" if named else f"--format {suffix[1:]}")
     font = find_soundfont(soundfont)
     _convert_many(inputs, output, {".mid", ".midi"}, suffix,
-                  lambda src, dest: render_file(src, dest, font, sample_rate), f"rendered with {font.name}", overwrite)
+                  lambda src, dest, overwrite: render_file(src, dest, font, sample_rate, overwrite),
+                  f"rendered with {font.name}", overwrite)
 
 
 @app.command()
@@ -376,7 +382,7 @@ def detokenize(
     tok = REMITokenizer(TokenizerConfig(chords=True, parts=True))  # reads token files with or without chords, parts
     grammar = REMIGrammar(tok)
 
-    def convert(src: Path, dest: Path) -> None:
+    def convert(src: Path, dest: Path, overwrite: bool) -> None:
         try:
             # one token per line: its first field (what follows, "; 91.4 BPM", is for people)
             numbered = [(n, line.split()[0]) for n, line in enumerate(src.read_text().splitlines(), 1) if line.strip()]
@@ -396,7 +402,7 @@ def detokenize(
                      if bad is not None else "")
             err.print(f"[yellow]warning:[/] {escape(str(src))}: {lost} of {lost + stats['notes']} notes could not be "
                       f"formed and are skipped{escape(where)}", highlight=False)
-        write_output(score.dumps_midi(), dest)
+        write_output(score.dumps_midi(), dest, overwrite)
 
     _convert_many(inputs, output, {".txt"}, ".mid", convert, "detokenized", overwrite)
 
@@ -998,18 +1004,18 @@ def _check_extra_outputs(paths, png: bool, audio: bool, overwrite: bool):
 
         require_matplotlib()
         for p in paths:
-            check_output_file(p.with_suffix(".png"), overwrite, "--png")
+            check_output_file(p.with_suffix(".png"), overwrite, "--png", may_create=True)
     if not audio:
         return None
     from .audio import find_soundfont
 
     soundfont = find_soundfont()
     for p in paths:
-        check_output_file(p.with_suffix(".wav"), overwrite, "--audio")
+        check_output_file(p.with_suffix(".wav"), overwrite, "--audio", may_create=True)
     return soundfont
 
 
-def _write_pieces(paths, pieces, tok, *, title: str, png: bool, soundfont):
+def _write_pieces(paths, pieces, tok, *, title: str, png: bool, soundfont, overwrite: bool):
     """Each piece's MIDI file, and its picture (png) and audio (a soundfont) beside it: the MIDI
     files, per piece (path, new tokens, new bars), and per piece the extra files written."""
     from .files import write_output
@@ -1018,7 +1024,7 @@ def _write_pieces(paths, pieces, tok, *, title: str, png: bool, soundfont):
     midis, rows, extras = [], [], []
     for path, midi, (new_tokens, new_bars) in zip(paths, pieces.midis, pieces.new_tokens_and_bars(tok)):
         data = midi_bytes(midi)
-        write_output(data, path)
+        write_output(data, path, overwrite)
         written = {}
         if png or soundfont is not None:
             import symusic
@@ -1027,13 +1033,13 @@ def _write_pieces(paths, pieces, tok, *, title: str, png: bool, soundfont):
         if png:
             from .pianoroll import render
 
-            write_output(render(score, ".png", title=f"{path.name} ({title})"), path.with_suffix(".png"))
+            write_output(render(score, ".png", title=f"{path.name} ({title})"), path.with_suffix(".png"), overwrite)
             written["png"] = str(path.with_suffix(".png"))
         if soundfont is not None:
             from .audio import SAMPLE_RATE, render, write_audio
 
             wav = path.with_suffix(".wav")
-            write_output(write_audio(render(score, soundfont), wav, SAMPLE_RATE), wav)
+            write_output(write_audio(render(score, soundfont), wav, SAMPLE_RATE), wav, overwrite)
             written["audio"] = str(wav)
         midis.append(midi)
         extras.append(written)
@@ -1077,8 +1083,9 @@ def _before_sampling(num, seed, chord_strength, temperature, top_k, asked, devic
     if not 1 <= num <= MAX_PIECES:
         raise SpemusicError(f"--num must be between 1 and {MAX_PIECES} (got {num}); run several times for more")
     seed = _seed_or_new(seed)
-    if not (math.isfinite(chord_strength) and chord_strength >= 0):
-        raise SpemusicError(f"--chord-strength must be a number of 0 or more (got {chord_strength})")
+    if not (math.isfinite(chord_strength) and 0 <= chord_strength <= MAX_CHORD_STRENGTH):
+        raise SpemusicError(f"--chord-strength must be between 0 and {MAX_CHORD_STRENGTH} nats (got {chord_strength:g}; "
+                            f"at {MAX_CHORD_STRENGTH}, only chord tones are left)")
     _sampling_options({}, temperature, top_k, **asked)
     pick_device(device, auto=False)
     paths = output_paths(output, num, overwrite)
@@ -1153,7 +1160,7 @@ def _generate_or_continue(model_name, prompt_path, prompt_bars, length, bars, nu
         raise SpemusicError(f"{len(empty)} of {len(paths)} pieces hold no note ({result.new_tokens} tokens did not "
                             f"complete a bar with notes): nothing written; give a larger --length, or --bars")
     midis, rows, extras = _write_pieces(paths, pieces, tok, title=f"{model_name or 'pop-piano'}, seed {seed}", png=png,
-                                        soundfont=soundfont if audio else None)
+                                        soundfont=soundfont if audio else None, overwrite=overwrite)
     _report(rows, result, seed, as_json, midis, pieces.prompt_bars, only_continuation, by_length=bars is None,
             extras=extras)
     if result.interrupted:
@@ -1238,7 +1245,7 @@ def accompany(
     pieces = _sampling_with_progress(run, total=None, num=num, tok=tok, prompt=None,
                                      quiet=as_json and not sys.stderr.isatty())
     midis, rows, extras = _write_pieces(paths, pieces, tok, title=f"{model}, seed {seed}", png=png,
-                                        soundfont=soundfont if audio else None)
+                                        soundfont=soundfont if audio else None, overwrite=overwrite)
     _report(rows, pieces.result, seed, as_json, midis, 0, False, by_length=False, extras=extras)
     if pieces.result.interrupted:
         err.print("interrupted: wrote the music generated so far")
@@ -1279,6 +1286,8 @@ def _play_outputs(port: str | None, to_stdout: bool, midi_to_stdout: bool, sound
 
 def _say_what_played(result, seed: int) -> None:
     minutes, secs = divmod(result.music_seconds, 60)
+    if result.reader_closed:
+        err.print("stdout closed by its reader: the music stopped there", highlight=False)
     err.print(f"played {result.bars} bar{'s' * (result.bars != 1)}, {int(minutes)}:{secs:04.1f} of music, seed {seed}; "
               f"sampling margin {result.margin:.1f}x real time ({result.sampled_seconds:.1f} s of music sampled in "
               f"{result.sampling_seconds:.1f} s)" + (f"; the music waited for the sampler {result.underruns} times, "
@@ -1365,7 +1374,7 @@ def play(
                                  bars=bars, record=record is not None)
     _say_what_played(result, seed)
     if record is not None and result.tokens:
-        write_output(midi_bytes(tok.decode([tok.bos_id, *result.tokens, tok.eos_id])), record)
+        write_output(midi_bytes(tok.decode([tok.bos_id, *result.tokens, tok.eos_id])), record, overwrite)
         err.print(f"recorded {record}", highlight=False)
 
 
@@ -1387,13 +1396,13 @@ def _play_until_stopped(net, tok, player, audio_out, *, prompt, options, seed: i
             progress.update(task, status=f"bar {len(player.bar_ends)}, {r.sampled_seconds:.0f} s sampled, margin "
                                          f"{r.margin:.1f}x")
 
+        pipe = signal.signal(signal.SIGPIPE, signal.SIG_IGN)  # a reader that leaves (| head) stops the music
         try:
             return play_bars(net, tok, player, prompt=prompt, options=options, seed=seed, bars=bars,
                              should_stop=stop.is_set, record=record, on_bar=on_bar)
-        except BrokenPipeError:  # the reader (aplay, head) went away: as a stop
-            raise SpemusicError("stdout closed by its reader: stopped") from None
         finally:
             signal.signal(signal.SIGINT, previous)
+            signal.signal(signal.SIGPIPE, pipe)
             if isinstance(audio_out, SoundCard):
                 audio_out.close()
 
@@ -1639,7 +1648,9 @@ def main() -> None:
         err.print("interrupted")
         _exit_interrupted()
     except OSError as e:
-        err.print(f"[bold red]error:[/] {escape(str(e.filename or ''))}: {escape(str(e.strerror or e))}", highlight=False)
+        where = e.filename or ("stdout" if e.errno in (errno.ENOSPC, errno.EPIPE, errno.EIO) else "")
+        err.print(f"[bold red]error:[/] {escape(f'{where}: ' if where else '')}{escape(str(e.strerror or e))}",
+                  highlight=False)
         _exit(1)
 
 

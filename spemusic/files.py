@@ -39,16 +39,17 @@ def check_input_file(path: str | Path, missing: str = "no such file", error: typ
     return path
 
 
-def check_output_file(path: str | Path, overwrite: bool = True, option: str = "") -> Path:
+def check_output_file(path: str | Path, overwrite: bool = True, option: str = "", may_create: bool = False) -> Path:
     """Refuse, before the work that produces it, an output file that cannot be written: its folder
-    missing or read-only, a folder in its place, or (without ``overwrite``) an existing file."""
+    missing (unless ``may_create``: write_output makes it) or read-only, a folder in its place, or
+    (without ``overwrite``) an existing file."""
     path = Path(path)
     label = f"{option} {path}" if option else str(path)
     if path.is_dir():
         raise SpemusicError(f"{label}: is a folder; give a file name")
     if path.exists() and not overwrite:
         raise OptionError("{label}: already exists (use {overwrite} to replace it)", label=label)
-    _check_folder(path.parent, label, may_create=False)
+    _check_folder(path.parent, label, may_create=may_create)
     return path
 
 
@@ -75,13 +76,17 @@ def names_new_folder(out: str | Path) -> bool:
     return str(out).endswith(("/", os.sep)) and not Path(out).is_dir()
 
 
-def write_output(data: bytes, path: str | Path) -> None:
+def write_output(data, path: str | Path, overwrite: bool = True) -> None:
     """Write an output checked before the work: its folder, if new, is made now."""
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    write_atomically(data, path)
+    write_atomically(data, path, overwrite)
 
 
-def write_atomically(data: bytes, path: str | Path) -> None:
+def write_atomically(data, path: str | Path, overwrite: bool = True) -> None:
+    """Write `data` (bytes, or a function that writes into a binary file) to a temporary file, then
+    give it the final name. Without ``overwrite`` the name is
+    taken with a hard link, which fails if the file exists: of several processes writing one name,
+    one wins and the others are refused, even when they all checked the name before their work."""
     path = Path(path)
     try:
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -89,14 +94,34 @@ def write_atomically(data: bytes, path: str | Path) -> None:
         raise SpemusicError(f"{path}: cannot write ({e.strerror})") from None
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(data)
+            f.write(data) if isinstance(data, (bytes, bytearray, memoryview)) else data(f)
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600 files; outputs get the usual permissions
-        os.replace(tmp, path)
+        if overwrite:
+            os.replace(tmp, path)
+        else:
+            _link_new(tmp, path)
+    except FileExistsError:
+        Path(tmp).unlink(missing_ok=True)
+        raise OptionError("{path}: already exists: another process wrote it meanwhile (use {overwrite} to "
+                          "replace it)", path=str(path)) from None
     except OSError as e:
         Path(tmp).unlink(missing_ok=True)
         raise SpemusicError(f"{path}: cannot write ({e.strerror})") from None
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _link_new(tmp: str, path: Path) -> None:
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        raise
+    except OSError as e:  # a file system without hard links: exclusive create, then copy
+        if e.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.EXDEV):
+            raise
+        with open(path, "xb") as out, open(tmp, "rb") as src:
+            out.write(src.read())
+    os.unlink(tmp)

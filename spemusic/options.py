@@ -103,6 +103,8 @@ class TrainConfig:
                 raise OptionError("{%s} must be at least 1" % name)
         if self.weight_decay < 0:
             raise OptionError("{weight_decay} must be at least 0")
+        if not 0 <= self.seed < 2**31:  # the seed is combined with step counts into a 64-bit torch seed
+            raise OptionError("{seed} must be between 0 and 2^31 - 1 (got {value})", value=self.seed)
         if not -1 <= self.short_conv <= 64:
             raise OptionError("{short_conv} must be in 0 … 64 (got {value})", value=self.short_conv)
         if self.pe in ABSOLUTE_PE_OPTIONS and self.max_len and self.seq_len > self.max_len and not self.init_from:

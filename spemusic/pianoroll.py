@@ -50,7 +50,7 @@ def bar_grid(score: symusic.Score) -> Bars:
             nxt = sigs[i + 1][0]  # a meter change cuts the bar short
         starts.append(t)
         beats.extend(np.arange(t, nxt, beat))
-        t = int(round(nxt)) if nxt > t else t + int(beat)
+        t = max(int(round(nxt)), t + 1)  # a bar shorter than a tick (1 tick per quarter, 1/8) still moves on
     starts.append(t)
     return Bars(np.asarray(starts, dtype=np.float64), np.asarray(beats, dtype=np.float64))
 
@@ -213,7 +213,8 @@ def _drum_name(pretty_midi, pitch: int) -> str:
     return f"{name} ({pitch})" if name else str(pitch)
 
 
-def draw_file(src: Path, dest: Path, bars: tuple[int, int] | None = None, size: tuple[int, int] | None = None) -> None:
+def draw_file(src: Path, dest: Path, bars: tuple[int, int] | None = None, size: tuple[int, int] | None = None,
+              overwrite: bool = True) -> None:
     """Read a MIDI file and write its piano roll (the format from dest's suffix), atomically."""
     from .files import write_output
     from .tokenizer import read_score
@@ -228,4 +229,4 @@ def draw_file(src: Path, dest: Path, bars: tuple[int, int] | None = None, size: 
     except SpemusicError as e:
         msg = str(e)
         raise SpemusicError(msg if msg.startswith(str(src)) else f"{src}: {msg}") from None
-    write_output(data, dest)
+    write_output(data, dest, overwrite)

@@ -228,6 +228,15 @@ class Player:
         return next((e for e in self.bar_ends if e > when), self.sampled)
 
 
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null, so that nothing left in its buffer breaks the pipe again at exit."""
+    import os
+
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+
+
 def stdout_audio(block: np.ndarray) -> None:
     """Raw audio on stdout: 16-bit little-endian stereo (`aplay -f cd` at 44.1 kHz)."""
     sys.stdout.buffer.write(block.astype("<i2").tobytes())
@@ -301,6 +310,7 @@ class PlayReport:
     underruns: int
     late_seconds: float
     tokens: list[int]         # the played bars' tokens, with --record (else empty)
+    reader_closed: bool = False  # stdout's reader (aplay, head) went away: the music stopped there
 
     @property
     def margin(self) -> float:
@@ -335,26 +345,34 @@ def play(model, tokenizer: REMITokenizer, player: Player, *, prompt=None, option
         busy = player.clock.now() - started - player.slept
         return PlayReport(played_bars, music, player.sampled, busy, player.underruns, player.late, [])
 
-    for bar in stream_bars(model, tokenizer, prompt=prompt, options=options, seed=seed, weights_dtype=weights_dtype,
-                           should_stop=stop, on_token=player.service):
-        player.add(timer.time(bar))
-        if record:
-            kept.append(bar)
-        n += 1
-        if on_bar is not None:
-            on_bar(report(n, player.music_now()))
-        if bars is not None and n >= bars or stop():
-            break
-        player.wait(ahead, stop)
-        if stop():
-            break
-    sampled = report(n, 0.0)
-    if stopped:
-        cut = player.bar_end_after(player.music_now())
-        played = sum(1 for e in player.bar_ends if e <= cut + 1e-9)
-    else:
-        cut, played = None, n
-    music = player.finish(cut)
-    sampled.bars, sampled.music_seconds = played, music
+    closed = False
+    try:
+        for bar in stream_bars(model, tokenizer, prompt=prompt, options=options, seed=seed,
+                               weights_dtype=weights_dtype, should_stop=stop, on_token=player.service):
+            player.add(timer.time(bar))
+            if record:
+                kept.append(bar)
+            n += 1
+            if on_bar is not None:
+                on_bar(report(n, player.music_now()))
+            if bars is not None and n >= bars or stop():
+                break
+            player.wait(ahead, stop)
+            if stop():
+                break
+        sampled = report(n, 0.0)
+        if stopped:
+            cut = player.bar_end_after(player.music_now())
+            played = sum(1 for e in player.bar_ends if e <= cut + 1e-9)
+        else:
+            cut, played = None, n
+        music = player.finish(cut)
+    except BrokenPipeError:  # the reader of stdout (aplay, head) left: a stop there, the bars it had are kept
+        closed = True
+        _silence_stdout()
+        sampled = report(n, 0.0)
+        music = player.music_now()
+        played = min(n, 1 + sum(1 for e in player.bar_ends if e <= music + 1e-9))  # with the bar it was in
+    sampled.bars, sampled.music_seconds, sampled.reader_closed = played, music, closed
     sampled.tokens = [t for bar in kept[:played] for t in bar]
     return sampled

@@ -748,6 +748,16 @@ class REMITokenizer:
             score = symusic.Score.from_midi(data)
         except Exception as e:  # noqa: BLE001 - symusic raises RuntimeError/ValueError with a C++ message
             raise MidiError(f"{name}: corrupt MIDI file ({_one_line(e)})") from None
+        if score.ticks_per_quarter <= 0:  # every tick's meaning divides by it
+            raise MidiError(f"{name}: invalid ticks per beat ({score.ticks_per_quarter})")
+        for tr in score.tracks:  # symusic keeps ticks in 32 bits: later ones read negative
+            a = tr.notes.numpy()
+            if (a["time"] < 0).any() or (a["time"] + a["duration"].astype(np.int64) < 0).any():
+                raise MidiError(f"{name}: a note lies beyond tick 2^31 - 1, further than a MIDI time can reach")
+        end = int(score.end())
+        if end > MAX_BARS * score.ticks_per_quarter:  # what no command could write, draw or play
+            raise MidiError(f"{name}: too long (an event at beat {end / score.ticks_per_quarter:.0f}; at most "
+                            f"{MAX_BARS:,} beats)")
         return score, notes + _policy(score)
 
     def _program_code(self, track_name: str, is_drum: bool, program: int) -> int:
@@ -897,6 +907,11 @@ class REMITokenizer:
         if len(past) > 1:  # one beat past the last note off is normal (it closes the last bar)
             raise MidiError(f"{beats.source}: beat {past[1] + 1} ({beats.times[past[1]]:.2f} s) and later are "
                             f"past the end of {p.name} ({end_sec:.2f} s); is it this file's annotation?")
+        spacing = beats.times[-1] - beats.times[-2]
+        if end_sec - beats.times[-1] > 8 * spacing:  # real annotations end within a beat of the music
+            raise MidiError(f"{beats.source}: its last beat ({beats.times[-1]:.2f} s) comes "
+                            f"{end_sec - beats.times[-1]:.1f} s before the end of {p.name} ({end_sec:.2f} s); "
+                            "is it this file's annotation?")
         bmap = BeatMap(beats, tempo, float(time.min()), float(end.max()))
         W = self.ticks_per_beat_out
         q = _Parsed()
