@@ -107,9 +107,9 @@ CHORD_STRENGTH = 2.0
 # sampled from the tail would hold for many bars
 SAMPLING_DEFAULTS = dict(top_p=1.0, bar_top_p=0.8, onset_top_p=1.0, repeat=0.0, hole_penalty=0.0, stacking=1.0)
 MODEL_SAMPLING = {
-    # groove's continuations keep closer to their prompt's style with a nucleus of 0.95 (the style
-    # similarity of both: benchmarks/music_metrics.py --only groove)
-    "groove": dict(top_p=0.95, bar_top_p=0.95),
+    # groove's continuations keep closer to their prompt's style with the unlikely hits cut: one
+    # stray hit and the model takes the bar for a fill (benchmarks/groove_drift.py, docs/groove-history.md)
+    "groove": dict(top_p=0.8, bar_top_p=0.8),
     # pop-piano leaves fewer holes with the far onsets cut and the onsets that would leave a hole
     # discouraged, and stacks as many notes per onset with the odds of a third note and more
     # tempered. The continuous cache (--repeat) is off: with parts it made the melody repeat its
