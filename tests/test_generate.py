@@ -564,7 +564,7 @@ def test_sampling_defaults_follow_the_model():
     groove = _sampling_options({"name": "groove"}, 1.0, 0)
     mine = _sampling_options({}, 1.0, 0, top_p=0.9, bar_top_p=None)
     assert (pop.top_p, pop.bar_top_p) == (1.0, 0.8)
-    assert (groove.top_p, groove.bar_top_p) == (0.95, 0.95)
+    assert (groove.top_p, groove.bar_top_p) == (0.8, 0.8)
     assert (mine.top_p, mine.bar_top_p) == (0.9, 0.8)  # what the user gives wins
     # the cache and the onset nucleus where they were measured
     assert (pop.repeat, pop.onset_top_p, pop.hole_penalty, pop.stacking) == (0.0, 0.9, 4.0, 0.8)
