@@ -100,7 +100,8 @@ def main() -> None:
         if m:
             real.append(m)
     print(f"{args.model}: {len(sources)} Groove valid prompts of 2 bars, {args.per_prompt} continuations of "
-          f"{args.bars} bars each, top-p {args.top_p}, temperature {args.temperature}, repeat {args.repeat}; real: the pieces' next bars")
+          f"{args.bars} bars each, top-p {args.top_p}, temperature {args.temperature}, repeat {args.repeat}; "
+          "real: the pieces' next bars")
     print(f"{'similarity (Q1..Q4)':<22}{'generated':>30}{'real':>30}{'ratio Q1':>10}")
     for v in VIEWS:
         a, b = np.nanmean([m[v] for m in gen], axis=0), np.nanmean([m[v] for m in real], axis=0)

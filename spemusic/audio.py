@@ -128,18 +128,12 @@ def _check_memory(seconds_score, sample_rate: int) -> None:
     """Refuse, before the work, a segment that could not be held: one with a note of hours."""
     longest = max((float(n.duration) for t in seconds_score.tracks for n in t.notes), default=0.0)
     need = (SEGMENT_SECONDS + longest + 10) * sample_rate * 2 * 4 * 3  # float32 stereo, the synth's own copies
-    free = _available_memory()
+    from .memory import available_memory
+
+    free = available_memory()
     if free is not None and need > free:
         raise MidiError(f"a note of {longest / 3600:.1f} hours would need about {need / 2**30:.0f} GiB to render; "
                         f"{free / 2**30:.1f} GiB are free")
-
-
-def _available_memory() -> int | None:
-    try:
-        with open("/proc/meminfo") as f:
-            return int(dict(line.split(":", 1) for line in f)["MemAvailable"].split()[0]) * 1024
-    except (OSError, KeyError, ValueError):
-        return None
 
 
 def render_blocks(score, soundfont: Path, sample_rate: int = SAMPLE_RATE):

@@ -483,6 +483,7 @@ StepPrecision = _choices("StepPrecision", STEP_PRECISIONS)
 # the sampling options generate, continue and accompany share (one typer option each, reused)
 TEMPERATURE_OPTION = typer.Option(1.0, help="Softmax temperature (> 0).")
 TOP_P_OPTION = typer.Option(None, "--top-p", help=TOP_P_HELP)
+BAR_TOP_P_OPTION = typer.Option(None, "--bar-top-p", help=BAR_TOP_P_HELP)
 ONSET_TOP_P_OPTION = typer.Option(None, "--onset-top-p", help=ONSET_TOP_P_HELP)
 REPEAT_OPTION = typer.Option(None, "--repeat", help=REPEAT_HELP)
 HOLE_PENALTY_OPTION = typer.Option(None, "--hole-penalty", help=HOLE_PENALTY_HELP)
@@ -857,7 +858,7 @@ def generate(
     num: int = typer.Option(1, "--num", help="Pieces, sampled together in one batch."),
     temperature: float = TEMPERATURE_OPTION,
     top_p: float | None = TOP_P_OPTION,
-    bar_top_p: float | None = typer.Option(None, "--bar-top-p", help=BAR_TOP_P_HELP),
+    bar_top_p: float | None = BAR_TOP_P_OPTION,
     onset_top_p: float | None = ONSET_TOP_P_OPTION,
     repeat: float | None = REPEAT_OPTION,
     hole_penalty: float | None = HOLE_PENALTY_OPTION,
@@ -937,7 +938,7 @@ def continue_(
     num: int = typer.Option(1, "--num", help="Continuations, sampled together in one batch."),
     temperature: float = TEMPERATURE_OPTION,
     top_p: float | None = TOP_P_OPTION,
-    bar_top_p: float | None = typer.Option(None, "--bar-top-p", help=BAR_TOP_P_HELP),
+    bar_top_p: float | None = BAR_TOP_P_OPTION,
     onset_top_p: float | None = ONSET_TOP_P_OPTION,
     repeat: float | None = REPEAT_OPTION,
     hole_penalty: float | None = HOLE_PENALTY_OPTION,
@@ -1304,7 +1305,7 @@ def play(
                                        "end of a bar]"),
     temperature: float = TEMPERATURE_OPTION,
     top_p: float | None = TOP_P_OPTION,
-    bar_top_p: float | None = typer.Option(None, "--bar-top-p", help=BAR_TOP_P_HELP),
+    bar_top_p: float | None = BAR_TOP_P_OPTION,
     onset_top_p: float | None = ONSET_TOP_P_OPTION,
     repeat: float | None = REPEAT_OPTION,
     hole_penalty: float | None = HOLE_PENALTY_OPTION,

@@ -3,12 +3,12 @@ checkpoint describes), so that an impossible one is refused with the estimate, n
 
 from __future__ import annotations
 
-import torch
-
 
 def available_memory(device="cpu") -> int | None:
-    """Bytes free on `device` (None: unknown)."""
-    if torch.device(device).type == "cuda":
+    """Bytes free on `device` (None: unknown). Torch is imported only for a GPU: render asks too."""
+    if str(device).startswith("cuda"):
+        import torch
+
         return int(torch.cuda.mem_get_info(device)[0])
     try:
         with open("/proc/meminfo") as f:

@@ -480,6 +480,20 @@ def _policy(score: symusic.Score) -> list[str]:
     return notes
 
 
+def _check_time(score: symusic.Score, name: str) -> None:
+    """Refuse a score whose times mean nothing any command could write, draw or play."""
+    if score.ticks_per_quarter <= 0:  # every tick's meaning divides by it
+        raise MidiError(f"{name}: invalid ticks per beat ({score.ticks_per_quarter})")
+    for tr in score.tracks:  # symusic keeps ticks in 32 bits: later ones read negative
+        a = tr.notes.numpy()
+        if (a["time"] < 0).any() or (a["time"] + a["duration"].astype(np.int64) < 0).any():
+            raise MidiError(f"{name}: a note lies beyond tick 2^31 - 1, further than a MIDI time can reach")
+    end = int(score.end())
+    if end > MAX_BARS * score.ticks_per_quarter:
+        raise MidiError(f"{name}: too long (an event at beat {end / score.ticks_per_quarter:.0f}; at most "
+                        f"{MAX_BARS:,} beats)")
+
+
 def _one_line(msg: str, limit: int = 160) -> str:
     msg = " ".join(str(msg).split())
     for junk in ("MiniMidi: ", ": iostream error"):
@@ -721,6 +735,7 @@ class REMITokenizer:
         elif isinstance(midi, symusic.Score):
             name = "<symusic.Score>"
             score = midi if midi.ttype == "Tick" or str(midi.ttype).lower().endswith("tick") else midi.to("tick")
+            _check_time(score, name)
         elif type(midi).__module__.startswith("miditoolkit"):
             p = self._from_miditoolkit(midi)
             p.warnings = []
@@ -748,16 +763,7 @@ class REMITokenizer:
             score = symusic.Score.from_midi(data)
         except Exception as e:  # noqa: BLE001 - symusic raises RuntimeError/ValueError with a C++ message
             raise MidiError(f"{name}: corrupt MIDI file ({_one_line(e)})") from None
-        if score.ticks_per_quarter <= 0:  # every tick's meaning divides by it
-            raise MidiError(f"{name}: invalid ticks per beat ({score.ticks_per_quarter})")
-        for tr in score.tracks:  # symusic keeps ticks in 32 bits: later ones read negative
-            a = tr.notes.numpy()
-            if (a["time"] < 0).any() or (a["time"] + a["duration"].astype(np.int64) < 0).any():
-                raise MidiError(f"{name}: a note lies beyond tick 2^31 - 1, further than a MIDI time can reach")
-        end = int(score.end())
-        if end > MAX_BARS * score.ticks_per_quarter:  # what no command could write, draw or play
-            raise MidiError(f"{name}: too long (an event at beat {end / score.ticks_per_quarter:.0f}; at most "
-                            f"{MAX_BARS:,} beats)")
+        _check_time(score, name)
         return score, notes + _policy(score)
 
     def _program_code(self, track_name: str, is_drum: bool, program: int) -> int:
@@ -770,9 +776,7 @@ class REMITokenizer:
     def _from_score(self, score: symusic.Score, name: str) -> _Parsed:
         p = _Parsed()
         p.name = name
-        p.tpq = int(score.ticks_per_quarter)
-        if p.tpq <= 0:
-            raise MidiError(f"{name}: invalid ticks per beat ({p.tpq})")
+        p.tpq = int(score.ticks_per_quarter)  # (checked with the note times by _check_time)
         times, durs, pitches, vels, progs = [], [], [], [], []
         for tr in score.tracks:
             if len(tr.notes) == 0:
@@ -790,8 +794,6 @@ class REMITokenizer:
         p.pitch = np.concatenate(pitches).astype(np.int64)
         p.vel = np.concatenate(vels).astype(np.int64)
         p.prog = np.concatenate(progs)
-        if (p.time < 0).any() or (p.time + p.dur < 0).any():  # symusic keeps ticks in 32 bits
-            raise MidiError(f"{name}: a note lies beyond tick 2^31 - 1, further than a MIDI time can reach")
         t = score.tempos.numpy()
         p.tempo_time = t["time"].astype(np.int64)
         with np.errstate(divide="ignore"):
