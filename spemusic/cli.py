@@ -512,6 +512,8 @@ TRAIN_OPTIONS = {
     "short_conv": ("Model", ("Tokens each block's short causal convolution reaches back (0: none). Added to an "
                    "--init-from model that has none, or widened (farther taps at zero)."),
                    f"{MODEL_PRESETS['small']['short_conv']}, or the --init-from model's"),
+    "pitch_memory": ("Model", ("Every token also sees the last pitch each part (melody, bridge, piano) wrote: "
+                     "melodic intervals at any distance. Needs --parts; added to an --init-from model at zero.")),
     "max_len": ("Model", ("Longest sequence of an absolute PE (ape, sinusoidal, axial) at generation/eval; SPE has "
                 "no limit."), "max(seq-len, 2048)"),
     "init_from": ("Model", ("Fine-tune: start from this model (a shipped name or a checkpoint), with its size, PE "
@@ -583,6 +585,7 @@ def train(
     checkpoint_activations: bool | None = _train_option(
         "checkpoint_activations", "--checkpoint-activations/--no-checkpoint-activations"),
     short_conv: int | None = _train_option("short_conv", "--short-conv"),
+    pitch_memory: bool | None = _train_option("pitch_memory", "--pitch-memory/--no-pitch-memory"),
     seed: int | None = _train_option("seed"),
     max_len: int | None = _train_option("max_len", "--max-len"),
     init_from: str | None = _train_option("init_from", "--init-from"),
@@ -1534,6 +1537,13 @@ def _print_nll_table(reports, what: str) -> None:
     # per note and per bar: comparable between models whose tokenizers differ
     table.add_row("nats per note", *[f"{r.nats_per_note:.4f}" if r.nats_per_note else "-" for r in reports])
     table.add_row("nats per bar", *[f"{r.nats_per_bar:.2f}" if r.nats_per_bar else "-" for r in reports])
+    # by part: each part's notes (their Program … Duration tokens) per note of that part, the shared
+    # tokens (bars, positions, chords, tempo) per note of the piece
+    names = list(dict.fromkeys(n for r in reports for n in r.parts))
+    if len([n for n in names if n != "shared"]) > 1:  # one part alone is the piece's row above
+        for n in names:
+            label = "  shared tokens, per note" if n == "shared" else f"  {n}, per {n} note"
+            table.add_row(escape(label), *[f"{r.part_nats_per_note()[n]:.4f}" if n in r.parts else "-" for r in reports])
     out.print(table)
     if any(b["nll"] is None for r in reports for b in r.buckets):
         out.print("-: no piece of the data reaches these positions")

@@ -3,7 +3,7 @@ beyond the length it was trained on (the length-extrapolation study of the SPE p
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +14,7 @@ from .cache import CacheOptions, mixture_nll
 from .data import open_dataset
 from .errors import OptionError, SpemusicError
 from .model import Performer
-from .tokenizer import REMITokenizer
+from .tokenizer import DURATION, PITCH, PROGRAM, VELOCITY, REMITokenizer
 
 
 @dataclass
@@ -27,6 +27,10 @@ class NLLReport:
     notes: int = 0                   # notes (Pitch tokens) and bars (Bar tokens) among the targets:
     bars: int = 0                    # nats per note / per bar compare across tokenizations
     total_nll: float = 0.0
+    # by part (a note's Program, Pitch, Velocity and Duration tokens belong to its Program: melody,
+    # bridge, piano, a GM program, drums): {part: {"notes", "nll" (summed)}}; "shared" holds the rest
+    # (Bar, Position, Chord, Tempo, TimeSig, EOS), per note of the piece
+    parts: dict = field(default_factory=dict)
 
     @property
     def nats_per_note(self) -> float | None:
@@ -36,9 +40,15 @@ class NLLReport:
     def nats_per_bar(self) -> float | None:
         return self.total_nll / self.bars if self.bars else None
 
+    def part_nats_per_note(self) -> dict[str, float]:
+        """Nats per note of each part's own tokens, and of the shared tokens per note of the piece."""
+        return {name: p["nll"] / (p["notes"] or self.notes) for name, p in self.parts.items()}
+
     def to_dict(self) -> dict:
         return {"model": self.model, "mean_nll": self.mean_nll, "nats_per_note": self.nats_per_note,
                 "nats_per_bar": self.nats_per_bar, "notes": self.notes, "bars": self.bars,
+                "parts": {n: {**p, "nats_per_note": v} for (n, p), v in zip(self.parts.items(),
+                                                                               self.part_nats_per_note().values())},
                 "trained_len": self.trained_len, "pieces": self.pieces, "buckets": self.buckets}
 
     def mean_between(self, start: int, end: int) -> float:
@@ -50,10 +60,12 @@ class NLLReport:
 @torch.no_grad()
 def position_nll(model: Performer, sequences: list[np.ndarray], pad_id: int, max_len: int,
                  batch_size: int = 4, seed: int = 0, device="cpu", progress=None,
-                 cache: tuple[CacheOptions, torch.Tensor] | None = None) -> tuple[np.ndarray, np.ndarray]:
+                 cache: tuple[CacheOptions, torch.Tensor] | None = None,
+                 per_piece: list | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Sum of NLL and count of scored tokens at every target position 1..max_len (index 0 is the
     first predicted token), over sequences taken from the start of each piece. `cache` (options,
-    their token groups): the NLL of the model mixed with a continuous cache (spemusic.cache)."""
+    their token groups): the NLL of the model mixed with a continuous cache (spemusic.cache).
+    `per_piece`: a list that gets (the piece's target ids, their NLL) for every piece."""
     model.eval()
     model.resample(seed)
     nll_sum = np.zeros(max_len, dtype=np.float64)
@@ -81,6 +93,8 @@ def position_nll(model: Performer, sequences: list[np.ndarray], pad_id: int, max
         mask = (targets != pad_id).cpu().numpy()
         nll_np = nll.cpu().numpy()
         nll_sum[: width - 1] += (nll_np * mask).sum(0)
+        if per_piece is not None:
+            per_piece += [(p[1:], nll_np[j, : len(p) - 1]) for j, p in enumerate(group)]
         count[: width - 1] += mask.sum(0)
         if task is not None:
             progress.advance(task, len(group))
@@ -111,8 +125,10 @@ def evaluate_nll(model: Performer, tokenizer: REMITokenizer, data: Path, split: 
     # --max-len costs nothing (10^9 asked for 16 GB of position arrays and 7.8M buckets)
     longest = max(len(s) for s in sequences) - 1
     max_len = max(1, min(max_len, -(-longest // bucket) * bucket))
+    per_piece = []
     nll_sum, count = position_nll(model, sequences, tokenizer.pad_id, max_len, device=device, progress=progress,
-                                  cache=None if cache is None else (cache, cache.groups(tokenizer).to(device)))
+                                  cache=None if cache is None else (cache, cache.groups(tokenizer).to(device)),
+                                  per_piece=per_piece)
     buckets = []
     for start in range(0, max_len, bucket):
         end = min(start + bucket, max_len)
@@ -126,7 +142,31 @@ def evaluate_nll(model: Performer, tokenizer: REMITokenizer, data: Path, split: 
     notes = sum(int(np.count_nonzero((t >= lo) & (t < hi))) for t in targets)
     bars = sum(int(np.count_nonzero(t == tokenizer.bar_id)) for t in targets)
     return NLLReport(name, float(nll_sum.sum() / total), trained_len, buckets, len(sequences), notes, bars,
-                     float(nll_sum.sum()))
+                     float(nll_sum.sum()), part_nll(tokenizer, per_piece))
+
+
+def part_nll(tokenizer: REMITokenizer, pieces: list[tuple[np.ndarray, np.ndarray]]) -> dict:
+    """{part: {"notes", "nll"}} over (target ids, their NLL) pairs: each note token counts for the
+    part its Program names, every other token for "shared"."""
+    kinds = tokenizer.kinds
+    lo, _ = tokenizer.range("Program")
+    out: dict = {}
+    for ids, nll in pieces:
+        ids = np.asarray(ids, dtype=np.int64)
+        kind = kinds[ids]
+        is_program = kind == PROGRAM
+        # the Program each token follows (its note's), -1 before any
+        last = np.maximum.accumulate(np.where(is_program, np.arange(len(ids)), -1))
+        in_note = np.isin(kind, (PROGRAM, PITCH, VELOCITY, DURATION)) & (last >= 0)
+        program = np.where(in_note, ids[np.maximum(last, 0)], -1)
+        for code in np.unique(program):
+            sel = program == code
+            name = "shared" if code < 0 else tokenizer.vocab[int(code)].removeprefix("Program_")
+            row = out.setdefault(name, {"notes": 0, "nll": 0.0})
+            row["notes"] += int(np.count_nonzero(sel & (kind == PITCH)))
+            row["nll"] += float(nll[sel].sum())
+    order = [n for n in out if n != "shared"] + ["shared"] * ("shared" in out)
+    return {n: out[n] for n in order}
 
 
 PLOT_FORMATS = ("png", "svg", "pdf")

@@ -71,6 +71,8 @@ class TrainConfig:
     parts: bool = False          # melody, bridge and piano parts by track name (a fine-tune without them gets them)
     short_conv: int = -1         # tokens each block's short convolution reaches back (-1: the preset's, or the
                                  # fine-tuned model's; a fine-tuned model without one gets it, starting at zero)
+    pitch_memory: bool = False   # every token sees the last pitch of each part (needs parts; added at zero to
+                                 # a fine-tuned model without it)
 
     def check(self) -> None:
         one_of = "{%s} must be one of {choices} (got {value!r})"

@@ -71,6 +71,7 @@ class State:
     pe: list = field(default_factory=list)
     plan: StepPlan = field(default=None, repr=False)  # set by Performer.prime / init_state
     histories: list = field(default_factory=list)  # per layer, its last K inputs (B, K, d) newest first (short_conv)
+    memory: tuple | None = None  # the pitch memory: (last token (B,), last pitch + 1 per slot (B, S)), or None
 
     def clone(self) -> State:
         return State(
@@ -80,6 +81,7 @@ class State:
             pe=[p.clone() for p in self.pe],
             plan=self.plan,
             histories=[h.clone() for h in self.histories],
+            memory=None if self.memory is None else tuple(m.clone() for m in self.memory),
         )
 
     def nbytes(self) -> int:

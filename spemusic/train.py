@@ -31,7 +31,7 @@ from .files import check_output_folder, write_atomically
 from .memory import available_memory
 from .model import ModelConfig, Performer
 from .options import PRESETS, TrainConfig
-from .tokenizer import REMITokenizer, TokenizerConfig
+from .tokenizer import PARTS, REMITokenizer, TokenizerConfig
 
 # ----------------------------------------------------------------------------- schedule
 
@@ -51,6 +51,24 @@ def with_vocabulary(model: Performer, old: REMITokenizer, new: REMITokenizer, li
             wider.tok.weight[i] = old_rows[j] if j is not None else old_rows.mean(0)
     wider.trained_tokens = None
     return wider
+
+
+def with_pitch_memory(model: Performer, cfg: ModelConfig) -> Performer:
+    """The same model with the pitch memory of `cfg`, its embeddings at zero: it computes the same
+    function until training moves them."""
+    with torch.random.fork_rng(devices=[]):  # the run draws the same SPE codes as without it
+        new = Performer(cfg).to(model.device)
+    missing, unexpected = new.load_state_dict(model.state_dict(), strict=False)
+    assert not unexpected and set(missing) <= {"pitch_memory.weight"}, (missing, unexpected)
+    return new
+
+
+def pitch_memory_config(tokenizer: REMITokenizer) -> dict:
+    """The model config fields of a pitch memory over the tokenizer's parts."""
+    if not tokenizer.config.parts:
+        raise OptionError("{pitch_memory} needs parts in the tokens: add {parts}")
+    lo, hi = tokenizer.range("Pitch")
+    return {"pitch_memory": [tokenizer.token_to_id[f"Program_{p}"] for p in PARTS], "pitch_range": [lo, hi]}
 
 
 # the rows a fine-tune that adds the parts starts them from: the piano program POP909 was written in
@@ -384,16 +402,17 @@ def _open_cache(cfg: TrainConfig, tok_cfg: TokenizerConfig, world: int, is_main:
 
 # ----------------------------------------------------------------------------- the model
 
-def model_config(run: Run, base_model: Performer | None, vocab_size: int) -> ModelConfig:
+def model_config(run: Run, base_model: Performer | None, tokenizer: REMITokenizer) -> ModelConfig:
     """The config of the model a run trains: its record's when resumed; a fine-tune's starting
     model's, widened to `short_conv`; else the preset with the run's options. A fine-tune's
     options take the model's pe, gated, attention, max_len and preset here, for its record."""
     cfg = run.cfg
     if run.resumed:
         return ModelConfig.from_dict(run.record["model"])
+    memory = pitch_memory_config(tokenizer) if cfg.pitch_memory else {}
     if base_model is None:
         extra = {"short_conv": cfg.short_conv} if cfg.short_conv >= 0 else {}
-        return ModelConfig.preset(cfg.preset, vocab_size=vocab_size, pe=cfg.pe, gated=cfg.gated,
+        return ModelConfig.preset(cfg.preset, vocab_size=len(tokenizer), **memory, pe=cfg.pe, gated=cfg.gated,
                                   attention=cfg.attention, max_len=cfg.max_len or max(cfg.seq_len, 2048), **extra)
     model_cfg = base_model.cfg
     if cfg.short_conv >= 0 and cfg.short_conv != model_cfg.short_conv:
@@ -401,6 +420,8 @@ def model_config(run: Run, base_model: Performer | None, vocab_size: int) -> Mod
             raise OptionError("{model} has a short convolution of {k0} tokens; {short_conv} {k} cannot shorten it "
                               "(it can only widen it)", model=cfg.init_from, k0=model_cfg.short_conv, k=cfg.short_conv)
         model_cfg = replace(model_cfg, short_conv=cfg.short_conv)
+    if memory and not model_cfg.pitch_memory:
+        model_cfg = replace(model_cfg, **memory)
     if model_cfg.has_absolute_pe and cfg.seq_len > model_cfg.max_len:
         raise OptionError("{seq_len} {n} is past {model}'s absolute positions ({limit}); SPE models have no such "
                           "limit", n=cfg.seq_len, model=cfg.init_from, limit=model_cfg.max_len)
@@ -419,6 +440,9 @@ def build_model(run: Run, model_cfg: ModelConfig, base_model: Performer | None, 
         model = base_model.to(device)
         if model_cfg.short_conv != model.cfg.short_conv:
             model = with_short_conv(model, model_cfg.short_conv)
+        if model_cfg.pitch_memory != model.cfg.pitch_memory:
+            model = with_pitch_memory(model, replace(model.cfg, pitch_memory=model_cfg.pitch_memory,
+                                                     pitch_range=model_cfg.pitch_range))
     else:
         model = Performer(model_cfg).to(device)
     if run.resumed:
@@ -722,7 +746,7 @@ def train(cfg: TrainConfig | dict, run_dir: str | Path, *, resume: bool = False,
     if cfg.steps <= 0:  # planned in epochs
         cfg.steps = max(1, math.ceil(cfg.epochs * cache.index["splits"]["train"]["tokens"] / tokens_per_step))
 
-    model_cfg = model_config(run, base_model, len(cache.tokenizer))
+    model_cfg = model_config(run, base_model, cache.tokenizer)
     model = build_model(run, model_cfg, base_model, device)
     dtype, dtype_reason = autocast_dtype(cfg, device, model_cfg, world)
     optimizer, scheduler = build_optimizer_and_scheduler(model, cfg, device)

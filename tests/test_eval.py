@@ -30,6 +30,11 @@ def test_eval_nll_table_json_plot(run_cli, tiny_checkpoint, examples, tmp_path):
     scored = [b for b in report["buckets"] if b["tokens"]]
     total = sum(b["tokens"] for b in scored)
     assert report["mean_nll"] == pytest.approx(sum(b["nll"] * b["tokens"] for b in scored) / total)
+    # by part: every scored token counted once, every note in its program's part
+    parts = report["parts"]
+    assert "shared" in parts and len(parts) >= 2
+    assert sum(p["nll"] for p in parts.values()) == pytest.approx(report["mean_nll"] * total)
+    assert sum(p["notes"] for n, p in parts.items() if n != "shared") == report["notes"]
     # a random tiny model is close to uniform over the 480 tokens
     assert 4.0 < report["mean_nll"] < 8.0
     assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out_png.stat().st_size > 5000

@@ -623,3 +623,52 @@ def test_activation_checkpointing_gives_the_same_gradients(pe):
     assert saved[1] < 0.5 * saved[0], saved  # activations inside the blocks were not kept
     for n in grads[0]:
         torch.testing.assert_close(grads[1][n], grads[0][n], rtol=1e-5, atol=1e-6, msg=n)
+
+
+def test_pitch_memory_parallel_equals_recurrent_and_starts_at_zero():
+    from dataclasses import replace
+
+    from spemusic.train import with_pitch_memory
+
+    torch.manual_seed(0)
+    base = Performer(ModelConfig.preset("tiny", vocab_size=160)).eval()
+    cfg = replace(base.cfg, pitch_memory=[10, 11], pitch_range=[20, 148])
+    ids = torch.randint(0, 160, (2, 300), generator=torch.Generator().manual_seed(3))
+    ids[:, ::7] = 10  # programs followed by pitches, often
+    ids[:, 1::7] = torch.randint(20, 148, ids[:, 1::7].shape)
+    ids[:, 3::11] = 11
+    m = with_pitch_memory(base, cfg).eval()
+    base.resample(1), m.resample(1)
+    with torch.no_grad():
+        assert torch.equal(m(ids), base(ids))  # added at zero: the same function
+        m.pitch_memory.weight.normal_(0.0, 1.0)
+        full = m(ids)
+    assert (full - base(ids).detach()).abs().max() > 0.1
+    lp, st = m.prime(ids[:, :100], chunk=33)  # memory carried across prompt chunks and into the steps
+    outs = [lp]
+    for t in range(100, 300):
+        logits, st = m.step(st, ids[:, t])
+        outs.append(logits[:, None])
+    assert (torch.cat(outs, 1) - full).abs().max().item() <= 1e-4
+    # what is remembered: the pitch right after each Program, held until the next
+    rows, (last_token, last_pitch) = m._remembered(ids, None)
+    for b in range(2):
+        seq = ids[b].tolist()
+        for s, prog in enumerate((10, 11)):
+            held = 0
+            for t, tok in enumerate(seq):
+                if t and seq[t - 1] == prog and 20 <= tok < 148:
+                    held = tok - 20 + 1
+                assert rows[b, t, s].item() == 129 * s + held
+            assert last_pitch[b, s].item() == held
+        assert last_token[b].item() == seq[-1]
+
+
+def test_pitch_memory_config_errors():
+    with pytest.raises(SpemusicError, match="pitch_memory"):
+        ModelConfig.preset("tiny", vocab_size=V, pitch_memory=[V])
+    with pytest.raises(SpemusicError, match="pitch_range"):
+        ModelConfig.preset("tiny", vocab_size=V, pitch_memory=[1], pitch_range=[0, 10])
+    d = ModelConfig.preset("tiny", vocab_size=V).to_dict()
+    del d["pitch_memory"], d["pitch_range"]  # checkpoints from before it
+    assert ModelConfig.from_dict(d).pitch_memory == []

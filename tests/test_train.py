@@ -17,6 +17,7 @@ import safetensors.torch
 import torch
 
 from spemusic.checkpoint import load_model
+from spemusic.tokenizer import TokenizerConfig
 
 POP_FILES = ["001.mid", "002.mid", "003.mid", "004.mid", "005.mid", "006.mid", "007.mid", "008.mid"]
 VALID_FILES = ["009.mid", "010.mid"]
@@ -438,3 +439,28 @@ def test_a_config_file_that_is_not_text_is_one_line(run_cli, pop_cache, tmp_path
     bad.write_bytes(b"\xff\xfe")
     code, _, err = run_cli("train", pop_cache, "-o", tmp_path / "run", "--config", bad)
     assert code == 1 and "not a TOML config file" in err, err
+
+
+def test_pitch_memory_fine_tune(run_cli, pop_subset, pop_cache, tmp_path):
+    """--pitch-memory over the parts: added at zero to a model without it (the fine-tune's first
+    loss is the base's), learned, kept in the checkpoint; refused without parts."""
+    from spemusic.data import prepare
+    from spemusic.train import TrainConfig, train
+
+    cache = tmp_path / "parts"
+    prepare(pop_subset, cache, workers=1, config=TokenizerConfig(parts=True))
+    _train_lib(cache, tmp_path / "base", steps=30, val_every=30)
+    options = dict(seq_len=128, batch_size=8, steps=15, lr=3e-3, warmup=2, log_every=1, val_every=15,
+                   precision="fp32", seed=3)
+    losses = {}
+    for memory in (False, True):
+        train(TrainConfig(data=str(cache), init_from=str(tmp_path / "base" / "best"), pitch_memory=memory, **options),
+              tmp_path / f"ft{memory}")
+        losses[memory] = [m["train_loss"] for m in _metrics(tmp_path / f"ft{memory}")]
+    assert losses[True][0] == pytest.approx(losses[False][0], abs=1e-3)  # same batches, same function at step 1
+    model, tok = load_model(tmp_path / "ftTrue" / "last")
+    assert model.cfg.pitch_memory == [tok.token_to_id[f"Program_{p}"] for p in ("melody", "bridge", "piano")]
+    assert model.pitch_memory.weight.abs().sum() > 0
+    code, _, err = run_cli("train", pop_cache, "-o", tmp_path / "x", "--preset", "tiny", "--pitch-memory",
+                           "--steps", 1)
+    assert code == 1 and "--pitch-memory needs parts" in err and "Traceback" not in err
