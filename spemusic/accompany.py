@@ -201,7 +201,8 @@ def _beats_of_melody(path: Path, melody: symusic.Score):
 def with_accompaniment(melody: Melody, ids: np.ndarray, tokenizer: REMITokenizer, overlaps: str = "trim",
                        ) -> symusic.Score:
     """The user's melody track exactly as it was, and the parts the model wrote (every part but
-    the melody) on the melody file's own timeline, with the new chords as markers."""
+    the melody) on the melody file's own timeline, with the new chords as markers; on annotated
+    beats, the time signatures of the annotated bars."""
     decoded = tokenizer.decode_to_score(ids, overlaps)
     out = melody.score.copy()
     res = tokenizer.ticks_per_beat_out
@@ -225,6 +226,12 @@ def with_accompaniment(melody: Melody, ids: np.ndarray, tokenizer: REMITokenizer
     for m in decoded.markers:
         out.markers.append(symusic.TextMeta(int(conv(np.array([m.time]))[0]), m.text))
     out.markers.sort()
+    if melody.beat_map is not None:  # the annotated bars, not the file's own meter (POP909's say 1/4)
+        while len(out.time_signatures):
+            out.time_signatures.pop()
+        for ts in decoded.time_signatures:
+            out.time_signatures.append(symusic.TimeSignature(int(conv(np.array([ts.time]))[0]), ts.numerator,
+                                                             ts.denominator))
     return out
 
 

@@ -151,3 +151,23 @@ def test_accompany_bars_before_the_melody(tmp_path):
         ids = sample(model, tok, num=1, bars=bars, seed=5, held=HeldMelody.of(held, tok)).ids[0]
         assert REMIGrammar(tok).is_valid(ids) and np.count_nonzero(ids == tok.bar_id) == bars
         assert melody_notes(ids, tok) == melody_notes(held, tok)
+
+
+def test_accompany_on_beats_writes_the_annotated_bars(tmp_path):
+    """A melody whose file says 1/4 (as POP909's do), accompanied on a beat annotation of 4-beat
+    bars: the output's time signatures are the annotation's, so a DAW shows the right bars."""
+    from spemusic import load_model
+    from spemusic.accompany import load_melody
+    from spemusic.pieces import accompany
+
+    model, tok = load_model("pop-piano")
+    path = write_tracks(tmp_path / "tune.mid", [("MELODY", 0, MELODY)])
+    mf = MidiFile(str(path))
+    mf.time_signature_changes = [TimeSignature(1, 4, 0)]
+    mf.dump(str(path))
+    beat = 0.6  # 100 BPM, as write_tracks writes
+    (tmp_path / "beats.txt").write_text("".join(f"{i * beat:.3f} {1 - i % 2} {int(i % 4 == 0)}\n" for i in range(20)))
+    melody = load_melody(path, tok, beats=tmp_path / "beats.txt")
+    midi = accompany(model, tok, melody, num=1, seed=2).midis[0]
+    assert [(t.numerator, t.denominator) for t in midi.time_signature_changes] == [(4, 4)]
+    assert [(n.start, n.pitch) for n in midi.instruments[0].notes] == [(int(s * 480), p) for p, s, _, _ in MELODY]
