@@ -1,29 +1,47 @@
-"""Sampling settings against the music metrics: pieces from scratch with each (temperature, top-p,
-bar top-p), the means of the metrics that music_metrics.py checks, and the real songs' values.
+"""Does each sampling default still earn its place? generate's defaults for a model, then each one
+turned off alone, then all of them off (the model alone), on the same seeds: pieces from scratch,
+the means of the music metrics and (models with parts) the part metrics, beside the POP909 valid
+songs' own (re-barred by their beat annotations, the same number of tokens).
 
-    python benchmarks/sampling_sweep.py [--model pop-piano] [--pieces 16] [--length 2048]
-                                        [--variants 1,0.95,0.95 1,1,0.8 ...]
-
-A variant is temperature,top_p,bar_top_p. The defaults of `generate` are the first one.
+    python benchmarks/sampling_sweep.py [--model pop-piano] [--pieces 16] [--length 2048] [--seed 11]
 """
 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 import numpy as np
 import torch
 
-from spemusic.checkpoint import load_model
-from spemusic.cli import SAMPLING_DEFAULTS
-from spemusic.metrics import summary
-from spemusic.sampling import SamplingOptions, sample
+from spemusic.checkpoint import load_model, read_metadata, resolve
+from spemusic.cli import SAMPLING_DEFAULTS, _sampling_options
+from spemusic.data import open_dataset
+from spemusic.metrics import part_summary, summary
+from spemusic.sampling import sample
 
 from _errors import run_script  # (benchmarks/, the script's own folder)
 
-KEYS = ("bars_4_4", "silence", "beats_with_onset", "notes_per_bar", "polyphony", "H1", "key_clarity", "repetition")
-REAL = {"bars_4_4": 0.927, "silence": 0.024, "beats_with_onset": 0.965, "notes_per_bar": 17.900, "polyphony": 1.871,
-        "H1": 2.112, "key_clarity": 0.874, "repetition": 0.307}  # POP909 valid, music_metrics_pop_v2.txt
+DATA = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "pop909"
+KEYS = ("silence", "beats_with_onset", "notes_per_bar", "polyphony", "GS", "key_clarity", "repetition")
+LABELS = {"beats_with_onset": "beat onsets", "notes_per_bar": "notes/bar", "key_clarity": "key", "repetition": "repeat",
+          "melody_bars": "mel. bars", "melody_notes_per_bar": "mel. n/bar", "melody_steps": "mel. steps",
+          "melody_leaps": "mel. leaps", "bass_fourth_fifth": "bass 4th/5th"}
+# each sampling option's value that turns it off (the model alone)
+OFF = dict(top_p=1.0, bar_top_p=1.0, onset_top_p=1.0, repeat=0.0, hole_penalty=0.0, stacking=1.0)
+PART_KEYS = ("melody_bars", "melody_notes_per_bar", "melody_steps", "melody_leaps", "bass_fourth_fifth")
+
+
+def cut(ids: np.ndarray, tok, length: int) -> np.ndarray:
+    """The first `length` tokens of a song, ended on a bar line."""
+    ids = np.asarray(ids[:length])
+    bars = np.flatnonzero(ids == tok.bar_id)
+    return np.concatenate([ids[: bars[-1]] if len(bars) > 1 else ids, [tok.eos_id]])
+
+
+def means(seqs, tok) -> dict:
+    rows = [{**summary(s, tok), **(part_summary(s, tok) if tok.config.parts else {})} for s in seqs]
+    return {k: float(np.nanmean([r[k] for r in rows])) for k in rows[0]}
 
 
 def main() -> None:
@@ -32,22 +50,25 @@ def main() -> None:
     ap.add_argument("--pieces", type=int, default=16)
     ap.add_argument("--length", type=int, default=2048)
     ap.add_argument("--seed", type=int, default=11)
-    ap.add_argument("--variants", nargs="+",
-                    default=[f"1,{SAMPLING_DEFAULTS['top_p']},{SAMPLING_DEFAULTS['bar_top_p']}", "1,0.95,0.95",
-                             "1,0.98,0.98", "0.9,0.95,0.95", "1,1,1", "1,1,0.95", "1,0.99,0.9"])
     args = ap.parse_args()
-    torch.set_num_threads(1)
+    torch.set_num_threads(max(1, torch.get_num_threads()))
     model, tok = load_model(args.model)
-    print(f"{args.model}: {args.pieces} pieces of {args.length} tokens from scratch per variant, seed {args.seed}")
-    print(f"{'T,top-p,bar':<16}" + "".join(f"{k[:10]:>11}" for k in KEYS))
-    print(f"{'real songs':<16}" + "".join(f"{REAL[k]:>11.3f}" for k in KEYS), flush=True)
-    for variant in args.variants:
-        t, p, bar = map(float, variant.split(","))
-        opts = SamplingOptions(temperature=t, top_p=p, bar_top_p=bar)
+    defaults = _sampling_options(read_metadata(resolve(args.model))["info"], 1.0, 0)
+    knobs = [k for k in SAMPLING_DEFAULTS if getattr(defaults, k) != OFF[k]]
+    variants = {"defaults": {}, **{f"no {k}": {k: OFF[k]} for k in knobs},
+                "model alone": {k: OFF[k] for k in knobs}}
+    keys = KEYS + (PART_KEYS if tok.config.parts else ())
+    real = means([cut(s, tok, args.length) for s in open_dataset(
+        DATA, tok.config, beats_dir=DATA / "beats", chords_dir=DATA / "chords").sequences("valid")], tok)
+    print(f"{args.model}: {args.pieces} pieces of {args.length} tokens from scratch per variant, seed {args.seed}; "
+          f"defaults: {', '.join(f'{k} {getattr(defaults, k):g}' for k in knobs)}")
+    print(f"{'':<22}" + "".join(f"{LABELS.get(k, k):>12}" for k in keys))
+    print(f"{'real songs':<22}" + "".join(f"{real[k]:>12.3f}" for k in keys), flush=True)
+    for name, off in variants.items():
+        opts = _sampling_options(read_metadata(resolve(args.model))["info"], 1.0, 0, **off)
         res = sample(model, tok, num=args.pieces, length=args.length, seed=args.seed, options=opts)
-        rows = [summary(ids, tok) for ids in res.ids]
-        print(f"{variant:<16}" + "".join(f"{float(np.nanmean([r[k] for r in rows])):>11.3f}" for k in KEYS),
-              flush=True)
+        got = means(res.ids, tok)
+        print(f"{name:<22}" + "".join(f"{got[k]:>12.3f}" for k in keys), flush=True)
 
 
 if __name__ == "__main__":
