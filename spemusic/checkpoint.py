@@ -92,7 +92,12 @@ def _weights_in(folder: Path) -> Path | None:
 
 def resolve(name_or_path: str | Path) -> Path:
     """A shipped model name, a checkpoint folder, a run folder (its `best`, else `last`), or a
-    .safetensors file -> the weights file."""
+    .safetensors file -> the weights file. A shipped model's bare name is that model, whatever the
+    current folder holds (an output folder named `groove` must not hide it): `./groove` is the folder."""
+    models = available_models()
+    text = str(name_or_path)
+    if text in models and "/" not in text and os.sep not in text:
+        return models[text] / WEIGHTS
     p = Path(name_or_path)
     if p.is_file():
         return p
@@ -101,9 +106,6 @@ def resolve(name_or_path: str | Path) -> Path:
         if weights is None:
             raise SpemusicError(f"{p}: not a spemusic checkpoint (no {WEIGHTS})")
         return weights
-    models = available_models()
-    if str(name_or_path) in models:
-        return models[str(name_or_path)] / WEIGHTS
     known = ", ".join(models) or "none installed"
     raise SpemusicError(f"unknown model {str(name_or_path)!r}: not a file or folder, and not a shipped model ({known})")
 

@@ -106,6 +106,7 @@ CHORD_STRENGTH = 2.0
 # stacked notes at an onset and left holes), and a nucleus at the bar line, where a meter change
 # sampled from the tail would hold for many bars
 SAMPLING_DEFAULTS = dict(top_p=1.0, bar_top_p=0.8, onset_top_p=1.0, repeat=0.0, hole_penalty=0.0, stacking=1.0)
+AS_FOLDER = " (./NAME: a folder named like a shipped model)"  # a bare shipped name is the shipped model
 MODEL_SAMPLING = {
     # groove's continuations keep closer to their prompt's style with the unlikely hits cut: one
     # stray hit and the model takes the bar for a fill (benchmarks/groove_drift.py, docs/groove-history.md)
@@ -855,7 +856,7 @@ def _report(rows, result, seed, as_json, midis, prompt_bar_count: int, only_cont
 
 @app.command()
 def generate(
-    model: str = typer.Option("pop-piano", "--model", "-m", help="Shipped model name or checkpoint path."),
+    model: str = typer.Option("pop-piano", "--model", "-m", help=f"Shipped model name or checkpoint path{AS_FOLDER}."),
     length: int | None = typer.Option(None, "--length", "-n", help="Tokens to sample."),
     bars: int | None = typer.Option(None, "--bars", help="Bars to sample (instead of --length)."),
     num: int = typer.Option(1, "--num", help="Pieces, sampled together in one batch."),
@@ -868,9 +869,10 @@ def generate(
     stacking: float | None = STACKING_OPTION,
     top_k: int = TOP_K_OPTION,
     seed: int | None = SEED_OPTION,
-    meter: str | None = typer.Option(None, "--meter", help="Opening time signature, e.g. 3/4 \\[default: the "
-                                        "model's most likely]"),
-    tempo: float | None = typer.Option(None, "--tempo", help="Opening tempo in BPM \\[default: the model's choice]"),
+    meter: str | None = typer.Option(None, "--meter", help="Time signature of the whole piece, e.g. 3/4 "
+                                        "\\[default: the model's most likely, which it may change]"),
+    tempo: float | None = typer.Option(None, "--tempo", help="Opening tempo in BPM, written exactly (the model "
+                                        "may change it later) \\[default: the model's choice]"),
     key: str | None = typer.Option(None, "--key", help="Transpose each piece to this key ('A minor', 'Am', "
                                       "'F# major'), from the key it is found in (Krumhansl-Kessler)."),
     output: str = typer.Option("generated.mid", "-o", "--output", help="Output .mid (OUT-1.mid … with --num), or a "
@@ -930,7 +932,7 @@ def generate(
 @app.command("continue")
 def continue_(
     prompt: Path = typer.Argument(..., help="MIDI file to continue."),
-    model: str | None = typer.Option(None, "--model", "-m", help="Model name or checkpoint path "
+    model: str | None = typer.Option(None, "--model", "-m", help=f"Model name or checkpoint path{AS_FOLDER} "
                                         "\\[default: groove for a drums-only prompt, else pop-piano]."),
     prompt_bars: int | None = typer.Option(None, "--prompt-bars", help="Use only the first N bars of music of the "
                                               "prompt (leading empty bars are not counted)."),
@@ -1176,7 +1178,8 @@ def _generate_or_continue(model_name, prompt_path, prompt_bars, length, bars, nu
 def accompany(
     melody: Path = typer.Argument(..., help="MIDI file of the melody: a one-track file, or a song whose MELODY "
                                   "track (or --track) is the melody."),
-    model: str = typer.Option("pop-piano", "--model", "-m", help="Model name or checkpoint path (a model with parts)."),
+    model: str = typer.Option("pop-piano", "--model", "-m",
+                              help=f"Model name or checkpoint path of a model with parts{AS_FOLDER}."),
     track: str | None = typer.Option(None, "--track", help="The melody's track, by name or number (1 = the first "
                                      "track with notes) \\[default: the one named MELODY, or the only one]"),
     parts: str = typer.Option("bridge,piano", "--parts", help=PARTS_HELP.replace("play", "write under the melody")),
@@ -1301,7 +1304,7 @@ def _say_what_played(result, seed: int) -> None:
 
 @app.command()
 def play(
-    model: str | None = typer.Option(None, "--model", "-m", help="Model name or checkpoint path "
+    model: str | None = typer.Option(None, "--model", "-m", help=f"Model name or checkpoint path{AS_FOLDER} "
                                         "\\[default: groove for a drums-only prompt, else pop-piano]."),
     prompt: Path | None = typer.Option(None, "--prompt", help="MIDI file to continue (it is not played)."),
     bars: int | None = typer.Option(None, "--bars", help="Bars to play \\[default: no end; Ctrl-C stops at the "

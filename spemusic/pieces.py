@@ -127,8 +127,21 @@ def _pieces(model, tokenizer, prompt: Prompt | None, only_continuation: bool, *,
         stopped, new = sorted(before - after), sorted(after)
     midis = [tokenizer.decode(ids, overlaps) if prompt is None
              else merge_continuation(prompt, ids, tokenizer, only_continuation, overlaps) for ids in result.ids]
+    if prompt is None and sampling.get("tempo") is not None:
+        for midi in midis:
+            _write_tempo_exactly(midi, sampling["tempo"])
     return Pieces(midis, result, prompt_tokens, 0 if prompt is None else count_bars(prompt.ids, tokenizer),
                   keys, stopped, new)
+
+
+def _write_tempo_exactly(midi: miditoolkit.MidiFile, bpm: float) -> None:
+    """The asked opening tempo as asked, not as its token's bin (90 BPM decodes as 91.4): every
+    tempo event at the opening bin's value becomes `bpm`; the model's other tempos stay."""
+    if midi.tempo_changes:
+        opening = midi.tempo_changes[0].tempo
+        for change in midi.tempo_changes:
+            if abs(change.tempo - opening) < 1e-6:
+                change.tempo = float(bpm)
 
 
 def _move_to_key(result: SampleResult, tokenizer: REMITokenizer, key: tuple[int, str]) -> list[KeyMove]:

@@ -281,9 +281,12 @@ class _Steering:
                                closing=self.bars is not None and bars_started >= self.bars)
         if self.forced is not None:
             force_chord(mask, st, self.forced[(bars_started - 1) % len(self.forced)], self.grammar)
-        if self.meter_id is not None and st.last == BAR and st.bars == 1:
-            mask[:] = False
-            mask[self.meter_id] = True
+        if self.meter_id is not None and st.last == BAR:  # the asked meter, held for the whole piece
+            if st.bars == 1:
+                mask[:] = False
+                mask[self.meter_id] = True
+            else:
+                mask[self.grammar.ts_lo:self.grammar.ts_hi] = False
         tempo_lo, tempo_hi = self.tempo_range
         if self.tempo_id is not None and st.tempo < 0 and mask[tempo_lo:tempo_hi].any():
             mask[tempo_lo:tempo_hi] = False  # the piece's first tempo
@@ -505,7 +508,8 @@ def sample(model: Performer, tokenizer: REMITokenizer, *, num: int = 1, length: 
     spemusic.chords), one per new bar, repeating: every bar opens on ``Position_0 Chord_X`` and
     holds no other chord change (the model writes the notes); `chord_strength` adds that many nats
     to the logits of the bar's chord tones wherever a pitch is sampled. `meter` ("3/4") and `tempo` (BPM):
-    the opening time signature and tempo of a piece from scratch (the model may change them later);
+    the time signature of a piece from scratch (held for the whole piece) and its opening tempo
+    (the model may change it later);
     without them, the piece opens on the model's most likely meter. With `options.repeat`, a
     continuous cache of the piece's own hidden states (the prompt's first) is mixed into the
     model's distribution (spemusic.cache). `parts` (models with parts): the parts the pieces may

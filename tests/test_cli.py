@@ -415,3 +415,15 @@ def test_a_failed_rewrite_of_a_cache_leaves_the_old_one_whole(examples, tmp_path
     (src / "b.mid").unlink()
     again, reused = prepare(src, cache, workers=1, split_csv=None)
     assert reused and len(again.tokens) == n
+
+
+def test_a_folder_named_like_a_shipped_model_does_not_hide_it(run_cli, tmp_path, monkeypatch):
+    """An output folder named groove/ in the working directory: `--model groove` is still the
+    shipped model; `./groove` is the folder (refused here: no checkpoint in it)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "groove").mkdir()
+    code, out, err = run_cli("generate", "--model", "groove", "--bars", 1, "--seed", 1, "-o", tmp_path / "beat.mid")
+    assert code == 0, err
+    assert (tmp_path / "beat.mid").is_file()
+    code, _, err = run_cli("generate", "--model", "./groove", "--bars", 1, "-o", tmp_path / "x.mid")
+    assert code == 1 and "not a spemusic checkpoint" in err and not (tmp_path / "x.mid").exists()

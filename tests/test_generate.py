@@ -676,3 +676,32 @@ def test_temper_stacking_scales_the_odds_of_one_more_note():
 
     assert torch.allclose(odds(out[0]), 0.5 * odds(logits[0]))
     assert torch.equal(temper_stacking(logits, [two, one, mid], 1.0, programs), logits)
+
+
+def test_meter_holds_for_the_whole_piece_and_tempo_is_written_exactly(run_cli, tmp_path):
+    """--meter 3/4 over 16 bars: every bar in 3/4 (the model leans to 4/4 and may not switch);
+    --tempo 90: the file opens at 90 BPM exactly, not at its token bin's 91.4."""
+    out = tmp_path / "waltz.mid"
+    code, _, err = run_cli("generate", "--meter", "3/4", "--tempo", 90, "--bars", 16, "--num", 3, "--seed", 5,
+                           "-o", out)
+    assert code == 0, err
+    for i in (1, 2, 3):
+        midi = miditoolkit.MidiFile(str(tmp_path / f"waltz-{i}.mid"))
+        assert {(t.numerator, t.denominator) for t in midi.time_signature_changes} == {(3, 4)}
+        assert midi.tempo_changes[0].tempo == pytest.approx(90.0, abs=1e-3)  # MIDI keeps whole microseconds
+        onsets = [n.start for inst in midi.instruments for n in inst.notes]
+        assert max(onsets) < 16 * 3 * midi.ticks_per_beat  # 16 bars of three beats
+    # the rule itself: after any later bar line, no time signature may be written
+    from spemusic import load_model
+    from spemusic.grammar import GrammarState, REMIGrammar
+    from spemusic.sampling import _Steering
+
+    _, tok = load_model("pop-piano")
+    grammar = REMIGrammar(tok)
+    steer = _Steering.of(tok, grammar, None, None, 0.0, "3/4", None, None, "cpu")
+    st = GrammarState()
+    for t in tok.tokens_to_ids(["BOS", "Bar", "TimeSig_3/4", "Position_0", "Tempo_10", "Program_piano", "Pitch_60",
+                                "Velocity_20", "Duration_12", "Bar"]):
+        grammar.advance(st, t)
+    lo, hi = tok.range("TimeSig")
+    assert grammar.allowed(st)[lo:hi].any() and not steer.mask(st, 2, True)[lo:hi].any()
