@@ -93,6 +93,21 @@ def _next_timesig(ids, i, ts_lo, ts_hi):
 
 # ----------------------------------------------------------------------------- prompts
 
+def annotated_meters(ids: np.ndarray, tokenizer: REMITokenizer, beat_map) -> list[miditoolkit.TimeSignature]:
+    """The time signatures of a file's annotated bars (its tokens read on a beat annotation), at
+    the file's ticks of their downbeats."""
+    starts = bar_start_beats(ids, tokenizer)
+    lo, hi = tokenizer.range("TimeSig")
+    bar, out = -1, []
+    for t in ids:
+        if t == tokenizer.bar_id:
+            bar += 1
+        elif lo <= t < hi:
+            n, d = tokenizer.time_signatures[int(t) - lo]
+            out.append(miditoolkit.TimeSignature(n, d, int(round(float(beat_map.tick_of(starts[bar]))))))
+    return out
+
+
 @dataclass
 class Prompt:
     midi: miditoolkit.MidiFile      # the user's file, cut to the prompt bars, otherwise untouched
@@ -182,6 +197,8 @@ def load_prompt(path: Path, tokenizer: REMITokenizer, prompt_bars: int | None = 
         end_qpm = float(qpm[min(int(np.ceil(end_beats)) - 1, len(qpm) - 1)])
     prompt = Prompt(midi, np.asarray(ids, dtype=np.int64), end_beats, False, [], end_tick, end_qpm, warnings)
     _clip_midi(midi, prompt.cut_tick)
+    if beat_map is not None:  # the annotated bars, so that the whole file opens in them (not POP909's 1/4)
+        midi.time_signature_changes = annotated_meters(prompt.ids, tokenizer, beat_map)
     if not any(i.notes for i in midi.instruments):
         raise MidiError(f"{path}: no notes in the prompt")
     prompt.only_drums = all(i.is_drum for i in midi.instruments if i.notes)

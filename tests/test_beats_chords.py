@@ -305,6 +305,11 @@ def test_continue_with_beats_keeps_the_prompt_and_starts_on_the_annotated_downbe
     assert any(n.start >= cut for i in res.instruments for n in i.notes)
     # the new bars are marked in their meter from the cut on (the random model may change it there)
     assert any(t.time == cut for t in res.time_signature_changes) or res.time_signature_changes[-1].time < cut
+    # the prompt's bars are the annotated ones (the file itself says 1/4): a 4/4 bar at each of its downbeats
+    first = [(t.numerator, t.denominator, t.time) for t in res.time_signature_changes if t.time < cut]
+    assert (1, 4) not in {m[:2] for m in first} and (4, 4) in {m[:2] for m in first}
+    bars_4_4 = [t.time for t in res.time_signature_changes if t.time < cut and (t.numerator, t.denominator) == (4, 4)]
+    assert min(np.min(np.abs(tempo.ticks(down) - t)) for t in bars_4_4) < 1  # at an annotated downbeat
 
 
 def test_prompt_in_one_beat_bars_is_warned(run_cli, tmp_path, tiny_checkpoint):
