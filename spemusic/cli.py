@@ -289,6 +289,9 @@ def show(
                                           "several inputs, or a name ending in /). \\[default: the input's name with "
                                           ".png, next to it]"),
     bars: str | None = typer.Option(None, "--bars", help="Only bars A to B (from 1, inclusive): 1:16, 9: or :8."),
+    beats: Path | None = typer.Option(None, "--beats", help="Beat annotation (POP909's beat_midi format): draw the "
+                                         "annotated bars, not the file's time signatures. For folders, a folder of "
+                                         "them, matched by name."),
     size: str | None = typer.Option(None, "--size", help="WIDTHxHEIGHT in pixels \\[default: 64 pixels per bar, "
                                        "900 to 8000 wide]"),
     fmt: str = typer.Option("png", "--format", help="png, svg or pdf, for folders (a file's -o suffix decides)."),
@@ -302,6 +305,8 @@ def show(
 
     spemusic show song-continued.mid --bars 1:24 -o song.svg
 
+    spemusic show ../shared/data/pop909/001.mid --beats ../shared/data/pop909/beats/001.txt --bars 1:16
+
     spemusic show sketches/ -o rolls/
     """
     import_native_libraries(with_torch=False)
@@ -314,8 +319,12 @@ def show(
         raise SpemusicError(f"--format {fmt}: use png, svg or pdf")
     if output is not None and Path(output).suffix.lower() in FORMATS:
         suffix = Path(output).suffix.lower()
+    def beats_of(src: Path) -> Path | None:
+        return beats / f"{src.stem}.txt" if beats is not None and beats.is_dir() else beats
+
     _convert_many(inputs, output, {".mid", ".midi"}, suffix,
-                  lambda src, dest, overwrite: draw_file(src, dest, bar_range, pixels, overwrite), "drew", overwrite)
+                  lambda src, dest, overwrite: draw_file(src, dest, bar_range, pixels, overwrite, beats_of(src)),
+                  "drew", overwrite)
 
 
 @app.command("render")

@@ -55,6 +55,23 @@ def bar_grid(score: symusic.Score) -> Bars:
     return Bars(np.asarray(starts, dtype=np.float64), np.asarray(beats, dtype=np.float64))
 
 
+def annotated_grid(score: symusic.Score, beats) -> Bars:
+    """Bar lines and beats from a beat annotation (spemusic.beats.Beats, in seconds) on the file's
+    tempo map: a bar at each annotated downbeat, a pickup bar before the first if beats come
+    before it, and the last bar as long as the one before it."""
+    from .beats import TempoMap
+
+    tempo = TempoMap(score.ticks_per_quarter, [t.time for t in score.tempos], [t.qpm for t in score.tempos])
+    ticks = tempo.ticks(beats.times)
+    down = ticks[np.asarray(beats.downbeat, dtype=bool)]
+    if not len(down):
+        raise SpemusicError("the beat annotation marks no downbeat")
+    last = down[-1] + (down[-1] - down[-2] if len(down) > 1 else ticks[-1] - down[-1] or score.ticks_per_quarter * 4)
+    pickup = ticks[0] < down[0] - 0.5  # annotated beats before the first downbeat
+    starts = np.concatenate([[0.0], down if pickup else down[1:], [max(last, float(score.end()))]])
+    return Bars(starts, ticks)
+
+
 def parse_bar_range(text: str) -> tuple[int, int]:
     """'A:B' (1-based, inclusive; 'A:' to the end, ':B' from the start) -> (A, B or 0)."""
     try:
@@ -116,14 +133,15 @@ def _draw_drums(ax, hits: list[tuple]) -> None:
 
 
 def render(score: symusic.Score, fmt: str = ".png", bars: tuple[int, int] | None = None,
-           size: tuple[int, int] | None = None, title: str | None = None) -> bytes:
-    """The piano roll of `score` as PNG, SVG or PDF bytes."""
+           size: tuple[int, int] | None = None, title: str | None = None, beats=None) -> bytes:
+    """The piano roll of `score` as PNG, SVG or PDF bytes; `beats` (spemusic.beats.Beats): its
+    bars are the annotated ones, not the file's time signatures'."""
     plt = require_matplotlib()
     import pretty_midi
 
     if fmt not in FORMATS:
         raise SpemusicError(f"cannot draw a {fmt or 'suffix-less'} file; use {', '.join(FORMATS)}")
-    grid = bar_grid(score)
+    grid = bar_grid(score) if beats is None else annotated_grid(score, beats)
     n_bars = len(grid.starts) - 1
     first, last = bars or (1, 0)
     last = last or n_bars
@@ -214,8 +232,9 @@ def _drum_name(pretty_midi, pitch: int) -> str:
 
 
 def draw_file(src: Path, dest: Path, bars: tuple[int, int] | None = None, size: tuple[int, int] | None = None,
-              overwrite: bool = True) -> None:
-    """Read a MIDI file and write its piano roll (the format from dest's suffix), atomically."""
+              overwrite: bool = True, beats: Path | None = None) -> None:
+    """Read a MIDI file and write its piano roll (the format from dest's suffix), atomically; in
+    the bars of a beat annotation file, if given."""
     from .files import write_output
     from .tokenizer import read_score
 
@@ -223,7 +242,13 @@ def draw_file(src: Path, dest: Path, bars: tuple[int, int] | None = None, size: 
     if fmt not in FORMATS:
         raise SpemusicError(f"{dest}: cannot draw a {fmt or 'suffix-less'} file; use {', '.join(FORMATS)}")
     try:
-        data = render(read_score(src), fmt, bars, size, title=src.name)
+        annotation = None
+        if beats is not None:
+            from .beats import read_beats
+            from .files import check_input_file
+
+            annotation = read_beats(check_input_file(beats))
+        data = render(read_score(src), fmt, bars, size, title=src.name, beats=annotation)
     except OptionError as e:  # (its options stay named by parameter, for the CLI to spell)
         raise OptionError("{file}: " + e.template, **{**e.values, "file": str(src)}) from None
     except SpemusicError as e:

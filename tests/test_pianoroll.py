@@ -111,3 +111,25 @@ def test_continue_marks_where_the_new_bars_begin_and_draws_it(run_cli, tiny_chec
     # one marker, on the bar line after the prompt's last note (the piano phrase is in 4/4)
     assert len(marks) == 1 and marks[0] > last_onset and marks[0] % (4 * prompt.ticks_per_quarter) == 0, marks
     assert imread(out.with_suffix(".png")).shape[1] >= 900
+
+
+def test_show_beats_draws_the_annotated_bars(run_cli, midi_factory, tmp_path):
+    """A file that says 1/4 (as POP909's do) has 16 one-beat bars; on its beat annotation of two
+    beats of pickup, then 4-beat bars, it has a pickup bar and four bars, at the annotated downbeats."""
+    notes = [(0, False, 60 + k % 5, k * 480, k * 480 + 240, 80) for k in range(18)]
+    src = midi_factory("q.mid", notes, time_signatures=((1, 4, 0),))
+    beats = tmp_path / "q.txt"  # 120 BPM: a beat every 0.5 s; downbeats on beats 2, 6, 10, 14
+    beats.write_text("".join(f"{k * 0.5:.2f} {1 - k % 2} {int(k % 4 == 2)}\n" for k in range(18)))
+    code, _, err = run_cli("show", src, "--bars", "20:21", "-o", tmp_path / "a.png")
+    assert code == 1 and "has 18 bars" in err
+    code, _, err = run_cli("show", src, "--beats", beats, "--bars", "20:21", "-o", tmp_path / "b.png")
+    assert code == 1 and "has 5 bars" in err
+    code, _, err = run_cli("show", src, "--beats", beats, "--bars", "2:3", "-o", tmp_path / "c.png")
+    assert code == 0, err
+    from spemusic.beats import read_beats
+    from spemusic.pianoroll import annotated_grid
+
+    grid = annotated_grid(symusic.Score(str(src)), read_beats(beats))
+    assert grid.starts[:5].tolist() == [0, 960, 2880, 4800, 6720]
+    code, _, err = run_cli("show", src, "--beats", tmp_path / "missing.txt", "-o", tmp_path / "d.png")
+    assert code == 1 and "missing.txt" in err and "Traceback" not in err
