@@ -28,7 +28,19 @@ from .options import ATTENTION_OPTIONS, MODEL_PRESETS, PE_OPTIONS, PRESETS, STEP
 _display_type_rich = typer.core.TyperOption.display_type_rich
 typer.core.TyperOption.display_type_rich = lambda self, ctx: None if self.is_flag else _display_type_rich(self, ctx)
 
+# --help lists the commands that make music first, then the workshop
+COMMAND_ORDER = ("generate", "continue", "accompany", "render", "show", "play", "train", "eval", "tokenize",
+                 "detokenize", "data", "models")
+
+
+class _Commands(typer.core.TyperGroup):
+    def list_commands(self, ctx) -> list[str]:
+        names = super().list_commands(ctx)
+        return sorted(names, key=lambda n: COMMAND_ORDER.index(n) if n in COMMAND_ORDER else len(COMMAND_ORDER))
+
+
 app = typer.Typer(
+    cls=_Commands,
     help="Symbolic music generation with long-context Performers and Stochastic Positional Encoding.\n\n"
          "Make music with the shipped model:  spemusic generate --length 4096 -o song.mid",
     no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False, rich_markup_mode="rich",

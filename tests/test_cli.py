@@ -427,3 +427,13 @@ def test_a_folder_named_like_a_shipped_model_does_not_hide_it(run_cli, tmp_path,
     assert (tmp_path / "beat.mid").is_file()
     code, _, err = run_cli("generate", "--model", "./groove", "--bars", 1, "-o", tmp_path / "x.mid")
     assert code == 1 and "not a spemusic checkpoint" in err and not (tmp_path / "x.mid").exists()
+
+
+def test_help_lists_the_music_commands_first(run_cli):
+    code, out, _ = run_cli("--help")
+    assert code == 0
+    listed = [line.split()[1] for line in out.splitlines() if line.startswith("│ ") and len(line.split()) > 1]
+    names = [n for n in listed if n in ("generate", "continue", "accompany", "render", "show", "play", "train", "eval",
+                                        "tokenize", "detokenize", "data", "models")]
+    assert names[:6] == ["generate", "continue", "accompany", "render", "show", "play"]
+    assert names[6:] == ["train", "eval", "tokenize", "detokenize", "data", "models"]
