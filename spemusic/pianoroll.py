@@ -116,8 +116,9 @@ def _draw_notes(ax, tracks: list[tuple], names: list[str]) -> None:
         ax.legend(loc="upper right", fontsize=8, framealpha=0.8)
 
 
-def _draw_drums(ax, hits: list[tuple]) -> None:
-    """Drum hits as ticks on one named row per drum sound, louder hits darker."""
+def _draw_drums(ax, hits: list[tuple]) -> int:
+    """Drum hits as ticks on one named row per drum sound, louder hits darker; the longest row
+    name's length in characters."""
     import matplotlib
     import pretty_midi
 
@@ -127,9 +128,11 @@ def _draw_drums(ax, hits: list[tuple]) -> None:
         colours = np.tile(matplotlib.colors.to_rgba("#333333"), (len(start), 1))
         colours[:, 3] = 0.3 + 0.7 * vel / 127
         ax.scatter(start, [row[int(p)] for p in pitch], marker="|", s=60, c=colours, linewidths=1.5)
-    ax.set_yticks(range(len(kinds)), [_drum_name(pretty_midi, p) for p in kinds], fontsize=7)
+    names = [_drum_name(pretty_midi, p) for p in kinds]
+    ax.set_yticks(range(len(kinds)), names, fontsize=7)
     ax.set_ylim(-0.7, len(kinds) - 0.3)
     ax.set_ylabel("drums")
+    return max(map(len, names))
 
 
 def render(score: symusic.Score, fmt: str = ".png", bars: tuple[int, int] | None = None,
@@ -173,8 +176,9 @@ def render(score: symusic.Score, fmt: str = ".png", bars: tuple[int, int] | None
     if ax_notes is not None:
         _draw_notes(ax_notes, [notes_of(t) for t in pitched],
                     [t.name or pretty_midi.program_to_instrument_name(t.program) for t in pitched])
-    if ax_drums is not None:
-        _draw_drums(ax_drums, [notes_of(t) for t in drums])
+    left = 70  # pixels for the pitch names and the axis label
+    if ax_drums is not None:  # drum names at 7 pt take ~5.5 px a character, the axis label ~25 px
+        left = max(left, 40 + int(5.5 * _draw_drums(ax_drums, [notes_of(t) for t in drums])))
 
     shown = grid.starts[first - 1:last + 1]
     beats = grid.beats[(grid.beats >= x0) & (grid.beats <= x1)]
@@ -188,7 +192,7 @@ def render(score: symusic.Score, fmt: str = ".png", bars: tuple[int, int] | None
         ax.set_xlim(x0, x1)
     top = axes[0]
     every = max(1, int(np.ceil((last - first + 1) / max(8, width / 45))))  # bar numbers that fit
-    px_per_tick = width * (1 - 90 / width) / max(x1 - x0, 1)
+    px_per_tick = (width - left - 20) / max(x1 - x0, 1)
     # a bar cut short (a pickup, a meter change) under 20 px keeps its line but not its number,
     # which would run into the next bar's
     numbered = [b for b in range(first, last + 1) if (b - first) % every == 0
@@ -207,7 +211,7 @@ def render(score: symusic.Score, fmt: str = ".png", bars: tuple[int, int] | None
                  rotation=0, color="#d62728" if text == CONTINUATION_MARKER else "#555555", va="bottom", ha="left")
     if title:
         fig.suptitle(title, fontsize=10)
-    fig.subplots_adjust(left=70 / width, right=1 - 20 / width, bottom=45 / height, top=1 - (74 if title else 54) / height)
+    fig.subplots_adjust(left=left / width, right=1 - 20 / width, bottom=45 / height, top=1 - (74 if title else 54) / height)
     buf = io.BytesIO()
     fig.savefig(buf, format=fmt[1:], dpi=DPI)
     plt.close(fig)
@@ -226,8 +230,12 @@ def require_matplotlib():
     return plt
 
 
+# drum sounds outside General MIDI that the Groove MIDI Dataset's kit (a Roland TD-11) plays
+KIT_NAMES = {22: "Closed Hi Hat edge", 26: "Open Hi Hat edge"}
+
+
 def _drum_name(pretty_midi, pitch: int) -> str:
-    name = pretty_midi.note_number_to_drum_name(pitch)
+    name = KIT_NAMES.get(pitch) or pretty_midi.note_number_to_drum_name(pitch)
     return f"{name} ({pitch})" if name else str(pitch)
 
 

@@ -133,3 +133,25 @@ def test_show_beats_draws_the_annotated_bars(run_cli, midi_factory, tmp_path):
     assert grid.starts[:5].tolist() == [0, 960, 2880, 4800, 6720]
     code, _, err = run_cli("show", src, "--beats", tmp_path / "missing.txt", "-o", tmp_path / "d.png")
     assert code == 1 and "missing.txt" in err and "Traceback" not in err
+
+
+def test_every_groove_drum_has_a_name_and_room_for_it():
+    import pretty_midi
+
+    from spemusic.pianoroll import _drum_name, render
+
+    groove_kit = (22, 26, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 53, 55, 57, 58, 59)
+    assert all(_drum_name(pretty_midi, p)[0].isalpha() for p in groove_kit)
+    score = symusic.Score(480)
+    track = symusic.Track("drums", 0, True)
+    for i, p in enumerate(groove_kit):
+        track.notes.append(symusic.Note(i * 120, 60, p, 100))
+    score.tracks.append(track)
+    import io
+
+    from matplotlib.image import imread as read
+
+    img = read(io.BytesIO(render(score, ".png", size=(900, 760))))
+    ink = (img[:, :, :3].mean(-1) < 0.5).any(0)
+    # the labels start right of the image's left edge (a cut label would touch it)
+    assert not ink[:3].any() and ink[3:60].any()
