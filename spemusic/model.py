@@ -49,6 +49,7 @@ from spemusic.options import (  # noqa: F401  (re-exported: the configs' choices
     SPE_OPTIONS,
 )
 from spemusic.positional import AbsolutePE, build_absolute_pe
+from spemusic.recall import bar_echo as echo_ids, pitch_memory as memory_rows
 from spemusic.recurrent import LayerPlan, State, StepPlan, build_plan
 from spemusic.spe import ConvSPE, SineSPE, SPECodes, SPEFilter, mix_seed
 
@@ -90,14 +91,12 @@ class ModelConfig:
     # back sharply at the last few tokens (which pitch came just before, which note field is
     # next); a short convolution can, at O(1) per generated token (Zoology, Based, H3, Mamba).
     short_conv: int = 0
-    # pitch memory: every token also sees the last pitch written after each of these Program ids
-    # (the parts' tokens: a melody's next note is an interval from its last one, which sits a
-    # varying 9-17 tokens back behind the accompaniment's notes in time order, too far and too
-    # irregular for linear attention or the short convolution to read it sharply); an embedding
-    # per (program, pitch) added to the input, carried in the recurrent state. `pitch_range`: the
-    # Pitch ids [lo, hi). Empty: none, as in models trained before it.
+    # what the model is told about its own stream (spemusic.recall); empty: none, as in models
+    # trained before them. Pitch memory: the Program ids whose last pitch every token sees, and
+    # `pitch_range` the Pitch ids [lo, hi). Bar echo: [Bar id, first Position id, last + 1].
     pitch_memory: list = field(default_factory=list)
     pitch_range: list = field(default_factory=lambda: [0, 0])
+    bar_echo: list = field(default_factory=list)
 
     def __post_init__(self):
         if self.attention not in ATTENTION_OPTIONS:
@@ -120,6 +119,10 @@ class ModelConfig:
         lo_hi = self.pitch_range
         if self.pitch_memory and not (ids_ok(lo_hi) and len(lo_hi) == 2 and lo_hi[1] - lo_hi[0] == 128):
             raise SpemusicError(f"model config: pitch_range must be the 128 Pitch ids [lo, hi), not {lo_hi!r}")
+        if self.bar_echo and not (ids_ok(self.bar_echo) and len(self.bar_echo) == 3
+                                  and self.bar_echo[1] < self.bar_echo[2]):
+            raise SpemusicError(f"model config: bar_echo must be [Bar id, first Position id, last + 1], "
+                                f"not {self.bar_echo!r}")
         for name in ("gated", "share_pe"):
             if not isinstance(getattr(self, name), bool):
                 raise SpemusicError(f"model config: {name} must be true or false, not {getattr(self, name)!r}")
@@ -137,7 +140,8 @@ class ModelConfig:
             per_code = (2 * self.kernel_size if self.pe == "convspe" else 3 * self.n_sines) * d
             spe = per_code * (1 if self.share_pe else L)
         absolute = self.max_len * d if self.pe in ("ape", "sinusoidal") else 0
-        return (self.vocab_size + 129 * len(self.pitch_memory)) * d + L * per_block + spe + absolute
+        recall = 129 * len(self.pitch_memory) + (self.vocab_size + 1 if self.bar_echo else 0)
+        return (self.vocab_size + recall) * d + L * per_block + spe + absolute
 
     @property
     def d_head(self) -> int:
@@ -384,6 +388,10 @@ class Performer(nn.Module):
             self.pitch_memory = nn.Embedding(129 * len(cfg.pitch_memory), cfg.d_model)
             nn.init.zeros_(self.pitch_memory.weight)  # added to a trained model, it changes nothing at first
             self.register_buffer("memory_programs", torch.tensor(cfg.pitch_memory), persistent=False)
+        self.bar_echo: nn.Embedding | None = None
+        if cfg.bar_echo:  # row V: no echo
+            self.bar_echo = nn.Embedding(cfg.vocab_size + 1, cfg.d_model)
+            nn.init.zeros_(self.bar_echo.weight)
         self.drop = nn.Dropout(cfg.dropout)
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
         self.ln_f = nn.LayerNorm(cfg.d_model)
@@ -432,35 +440,28 @@ class Performer(nn.Module):
     def _streams(self, codes, start: int) -> list:
         return self.spe.streams(codes, start, self.device) if codes is not None else []
 
-    def embed(self, ids: torch.Tensor, start: int, memory: tuple | None = None):
-        """Token ids (B, T) at positions start.. -> (B, T, d) (absolute PE added, if any). With a
-        pitch memory, -> (x, the memory after these tokens); `memory` is the one before them."""
+    @property
+    def recalls(self) -> bool:
+        """Whether the model reads features off its own stream (spemusic.recall), carried in State.recall."""
+        return self.pitch_memory is not None or self.bar_echo is not None
+
+    def embed(self, ids: torch.Tensor, start: int, carry: dict | None = None):
+        """Token ids (B, T) at positions start.. -> (B, T, d) (absolute PE added, if any). A model
+        that `recalls` -> (x, its carry after these tokens); `carry` is the one before them."""
         x = self.tok(ids)
         if self.abs_pe is not None:
             x = x + self.abs_pe(start, ids.shape[1], ids.device).to(x.dtype)
-        if self.pitch_memory is None:
+        if not self.recalls:
             return self.drop(x)
-        rows, memory = self._remembered(ids, memory)
-        return self.drop(x + self.pitch_memory(rows).sum(-2).to(x.dtype)), memory
-
-    def _remembered(self, ids: torch.Tensor, memory: tuple | None):
-        """The pitch memory's rows at every position (B, T, S), and the memory after `ids`: (the
-        last token (B,), the last pitch + 1 of each slot (B, S), 0 for none)."""
-        B, T = ids.shape
-        S = len(self.cfg.pitch_memory)
-        if memory is None:
-            memory = (ids.new_full((B,), -1), ids.new_zeros(B, S))
-        last_token, last_pitch = memory
-        lo, hi = self.cfg.pitch_range
-        before = torch.cat([last_token[:, None], ids[:, :-1]], 1)
-        is_pitch = (ids >= lo) & (ids < hi)
-        hits = is_pitch[..., None] & (before[..., None] == self.memory_programs)  # (B, T, S)
-        where = torch.arange(T, device=ids.device)[None, :, None].expand(B, T, S)
-        latest = torch.where(hits, where, -1).cummax(1).values  # index of each slot's latest pitch so far
-        pitch = (ids - lo + 1)[..., None].expand(B, T, S).gather(1, latest.clamp(min=0))
-        held = torch.where(latest >= 0, pitch, last_pitch[:, None, :])
-        rows = held + 129 * torch.arange(S, device=ids.device)
-        return rows, (ids[:, -1].clone(), held[:, -1].clone())
+        carry, after = carry or {}, {}
+        if self.pitch_memory is not None:
+            rows, after["pitch"] = memory_rows(ids, carry.get("pitch"), self.memory_programs, self.cfg.pitch_range)
+            x = x + self.pitch_memory(rows).sum(-2).to(x.dtype)
+        if self.bar_echo is not None:
+            bar_id, lo, hi = self.cfg.bar_echo
+            echo, after["echo"] = echo_ids(ids, carry.get("echo"), bar_id, (lo, hi), self.cfg.vocab_size)
+            x = x + self.bar_echo(echo).to(x.dtype)
+        return self.drop(x), after
 
     def head(self, x: torch.Tensor) -> torch.Tensor:
         """(…, d) -> (…, V) logits (final norm, output tied to the embedding)."""
@@ -509,8 +510,8 @@ class Performer(nn.Module):
             self.abs_pe.check(start, T)
         codes = self._codes()
         ctxs = self._contexts(codes, start, T)
-        x = self.embed(ids, start, state.memory if state is not None else None)
-        x, memory = x if self.pitch_memory is not None else (x, None)
+        x = self.embed(ids, start, state.recall if state is not None else None)
+        x, recall = x if self.recalls else (x, None)
         states, histories = [], []
         recompute = self.checkpoint_activations and self.training and torch.is_grad_enabled()
         for i, (blk, ctx) in enumerate(zip(self.blocks, ctxs)):
@@ -528,7 +529,7 @@ class Performer(nn.Module):
             return out
         plan = state.plan if state is not None else build_plan(self, codes, weights_dtype)
         return (logits, State(position=start + T, batch_size=B, layers=states, pe=self._streams(codes, start + T),
-                              plan=plan, histories=histories if self.cfg.short_conv else [], memory=memory), *extra)
+                              plan=plan, histories=histories if self.cfg.short_conv else [], recall=recall), *extra)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         """(B, T) token ids -> (B, T, V) next-token logits (chunked parallel path)."""
@@ -586,9 +587,9 @@ class Performer(nn.Module):
             if plan.code_buf is not None:  # the SPE codes at t, for every layer's filter
                 for i, qk in enumerate(self.spe.codes_at(plan.codes, state.pe, t)):
                     plan.code_buf[i, :, :, 0].copy_(qk)
-            x = self.embed(next_ids[:, None], t, state.memory)
-            if self.pitch_memory is not None:
-                x, state.memory = x
+            x = self.embed(next_ids[:, None], t, state.recall)
+            if self.recalls:
+                x, state.recall = x
             x = x[:, 0].float()
             for i, (blk, lp, S) in enumerate(zip(self.blocks, plan.layers, state.layers)):
                 x, history = blk.step(x, lp, plan, S, state.histories[i] if lp.shift is not None else None)

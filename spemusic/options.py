@@ -73,6 +73,7 @@ class TrainConfig:
                                  # fine-tuned model's; a fine-tuned model without one gets it, starting at zero)
     pitch_memory: bool = False   # every token sees the last pitch of each part (needs parts; added at zero to
                                  # a fine-tuned model without it)
+    bar_echo: bool = False       # every token sees what came next at its place one bar back (added at zero)
 
     def check(self) -> None:
         one_of = "{%s} must be one of {choices} (got {value!r})"

@@ -71,7 +71,7 @@ class State:
     pe: list = field(default_factory=list)
     plan: StepPlan = field(default=None, repr=False)  # set by Performer.prime / init_state
     histories: list = field(default_factory=list)  # per layer, its last K inputs (B, K, d) newest first (short_conv)
-    memory: tuple | None = None  # the pitch memory: (last token (B,), last pitch + 1 per slot (B, S)), or None
+    recall: dict | None = None  # what spemusic.recall carries from token to token ("pitch", "echo"), or None
 
     def clone(self) -> State:
         return State(
@@ -81,7 +81,8 @@ class State:
             pe=[p.clone() for p in self.pe],
             plan=self.plan,
             histories=[h.clone() for h in self.histories],
-            memory=None if self.memory is None else tuple(m.clone() for m in self.memory),
+            recall=None if self.recall is None else {k: tuple(t.clone() for t in v) if isinstance(v, tuple)
+                                                     else v.clone() for k, v in self.recall.items()},
         )
 
     def nbytes(self) -> int:

@@ -53,14 +53,19 @@ def with_vocabulary(model: Performer, old: REMITokenizer, new: REMITokenizer, li
     return wider
 
 
-def with_pitch_memory(model: Performer, cfg: ModelConfig) -> Performer:
-    """The same model with the pitch memory of `cfg`, its embeddings at zero: it computes the same
-    function until training moves them."""
+def with_recall(model: Performer, cfg: ModelConfig) -> Performer:
+    """The same model with the stream features of `cfg` it lacks (spemusic.recall: pitch memory,
+    bar echo), their embeddings at zero: it computes the same function until training moves them."""
     with torch.random.fork_rng(devices=[]):  # the run draws the same SPE codes as without it
         new = Performer(cfg).to(model.device)
     missing, unexpected = new.load_state_dict(model.state_dict(), strict=False)
-    assert not unexpected and set(missing) <= {"pitch_memory.weight"}, (missing, unexpected)
+    assert not unexpected and set(missing) <= {"pitch_memory.weight", "bar_echo.weight"}, (missing, unexpected)
     return new
+
+
+def bar_echo_config(tokenizer: REMITokenizer) -> dict:
+    """The model config field of a bar echo over the tokenizer's bars and positions."""
+    return {"bar_echo": [tokenizer.bar_id, *tokenizer.range("Position")]}
 
 
 def pitch_memory_config(tokenizer: REMITokenizer) -> dict:
@@ -409,10 +414,11 @@ def model_config(run: Run, base_model: Performer | None, tokenizer: REMITokenize
     cfg = run.cfg
     if run.resumed:
         return ModelConfig.from_dict(run.record["model"])
-    memory = pitch_memory_config(tokenizer) if cfg.pitch_memory else {}
+    recall = {**(pitch_memory_config(tokenizer) if cfg.pitch_memory else {}),
+              **(bar_echo_config(tokenizer) if cfg.bar_echo else {})}
     if base_model is None:
         extra = {"short_conv": cfg.short_conv} if cfg.short_conv >= 0 else {}
-        return ModelConfig.preset(cfg.preset, vocab_size=len(tokenizer), **memory, pe=cfg.pe, gated=cfg.gated,
+        return ModelConfig.preset(cfg.preset, vocab_size=len(tokenizer), **recall, pe=cfg.pe, gated=cfg.gated,
                                   attention=cfg.attention, max_len=cfg.max_len or max(cfg.seq_len, 2048), **extra)
     model_cfg = base_model.cfg
     if cfg.short_conv >= 0 and cfg.short_conv != model_cfg.short_conv:
@@ -420,8 +426,11 @@ def model_config(run: Run, base_model: Performer | None, tokenizer: REMITokenize
             raise OptionError("{model} has a short convolution of {k0} tokens; {short_conv} {k} cannot shorten it "
                               "(it can only widen it)", model=cfg.init_from, k0=model_cfg.short_conv, k=cfg.short_conv)
         model_cfg = replace(model_cfg, short_conv=cfg.short_conv)
-    if memory and not model_cfg.pitch_memory:
-        model_cfg = replace(model_cfg, **memory)
+    if model_cfg.pitch_memory:  # a model that has them keeps its own
+        recall = {k: v for k, v in recall.items() if k not in ("pitch_memory", "pitch_range")}
+    if model_cfg.bar_echo:
+        recall.pop("bar_echo", None)
+    model_cfg = replace(model_cfg, **recall)
     if model_cfg.has_absolute_pe and cfg.seq_len > model_cfg.max_len:
         raise OptionError("{seq_len} {n} is past {model}'s absolute positions ({limit}); SPE models have no such "
                           "limit", n=cfg.seq_len, model=cfg.init_from, limit=model_cfg.max_len)
@@ -440,9 +449,9 @@ def build_model(run: Run, model_cfg: ModelConfig, base_model: Performer | None, 
         model = base_model.to(device)
         if model_cfg.short_conv != model.cfg.short_conv:
             model = with_short_conv(model, model_cfg.short_conv)
-        if model_cfg.pitch_memory != model.cfg.pitch_memory:
-            model = with_pitch_memory(model, replace(model.cfg, pitch_memory=model_cfg.pitch_memory,
-                                                     pitch_range=model_cfg.pitch_range))
+        recall = ("pitch_memory", "pitch_range", "bar_echo")
+        if any(getattr(model_cfg, k) != getattr(model.cfg, k) for k in recall):
+            model = with_recall(model, replace(model.cfg, **{k: getattr(model_cfg, k) for k in recall}))
     else:
         model = Performer(model_cfg).to(device)
     if run.resumed:

@@ -628,7 +628,7 @@ def test_activation_checkpointing_gives_the_same_gradients(pe):
 def test_pitch_memory_parallel_equals_recurrent_and_starts_at_zero():
     from dataclasses import replace
 
-    from spemusic.train import with_pitch_memory
+    from spemusic.train import with_recall
 
     torch.manual_seed(0)
     base = Performer(ModelConfig.preset("tiny", vocab_size=160)).eval()
@@ -637,7 +637,7 @@ def test_pitch_memory_parallel_equals_recurrent_and_starts_at_zero():
     ids[:, ::7] = 10  # programs followed by pitches, often
     ids[:, 1::7] = torch.randint(20, 148, ids[:, 1::7].shape)
     ids[:, 3::11] = 11
-    m = with_pitch_memory(base, cfg).eval()
+    m = with_recall(base, cfg).eval()
     base.resample(1), m.resample(1)
     with torch.no_grad():
         assert torch.equal(m(ids), base(ids))  # added at zero: the same function
@@ -651,7 +651,9 @@ def test_pitch_memory_parallel_equals_recurrent_and_starts_at_zero():
         outs.append(logits[:, None])
     assert (torch.cat(outs, 1) - full).abs().max().item() <= 1e-4
     # what is remembered: the pitch right after each Program, held until the next
-    rows, (last_token, last_pitch) = m._remembered(ids, None)
+    from spemusic.recall import pitch_memory
+
+    rows, (last_token, last_pitch) = pitch_memory(ids, None, m.memory_programs, m.cfg.pitch_range)
     for b in range(2):
         seq = ids[b].tolist()
         for s, prog in enumerate((10, 11)):
@@ -672,3 +674,72 @@ def test_pitch_memory_config_errors():
     d = ModelConfig.preset("tiny", vocab_size=V).to_dict()
     del d["pitch_memory"], d["pitch_range"]  # checkpoints from before it
     assert ModelConfig.from_dict(d).pitch_memory == []
+
+
+def _bar_stream(batch: int, bars: int, seed: int) -> torch.Tensor:
+    """Token streams in a made-up vocabulary: 0 BOS, 1 Bar, 2-49 Position_0-47, 50-149 others;
+    onsets at increasing positions, each with a few other tokens, some bars repeating the last."""
+    g = torch.Generator().manual_seed(seed)
+    rows = []
+    for _ in range(batch):
+        seq, last = [0], None
+        for _ in range(bars):
+            if last is None or torch.rand(1, generator=g) < 0.5:
+                poss = sorted(torch.randperm(48, generator=g)[: int(torch.randint(1, 8, (1,), generator=g))].tolist())
+                last = [1] + [t for p in poss for t in [2 + p] + torch.randint(50, 150, (int(torch.randint(1, 9, (1,),
+                                                                                generator=g)),), generator=g).tolist()]
+            seq += last
+        rows.append(seq)
+    n = min(map(len, rows))
+    return torch.tensor([r[:n] for r in rows])
+
+
+def _echo_reference(seq: list[int]) -> list[int]:
+    """bar_echo by its definition, one token at a time: -1 where no bar before is known."""
+    from spemusic.recall import ECHO_PLACES
+
+    out, prev, cur = [], None, []
+    pos = since = bars = 0
+    for tok in seq:
+        if tok == 1:  # what came before the first Bar is never echoed
+            bars += 1
+            prev, cur, pos, since = (cur if bars >= 2 else None), [], 0, 0
+        elif 2 <= tok < 50:
+            pos, since = tok - 2 + 1, 0
+        else:
+            since += 1
+        place = (pos, min(since, ECHO_PLACES - 1))
+        earlier = [(p, i) for p, i in (prev or []) if p <= place]
+        out.append(seq[max(earlier)[1] + 1] if earlier else -1)
+        cur.append((place, len(out) - 1))
+    return out
+
+
+def test_bar_echo_is_the_next_token_one_bar_back_and_the_same_one_token_at_a_time():
+    from dataclasses import replace
+
+    from spemusic.recall import ECHO_CONTEXT, bar_echo
+    from spemusic.train import with_recall
+
+    ids = _bar_stream(2, 60, seed=4)
+    assert ids.shape[1] > ECHO_CONTEXT  # the carried context runs out: bars echo only what it holds
+    echo, tail = bar_echo(ids, None, 1, (2, 50), 150)
+    for b in range(2):
+        ref = _echo_reference(ids[b].tolist())
+        assert [e if e != 150 else -1 for e in echo[b].tolist()] == ref
+    assert (echo != 150).float().mean() > 0.8 and tail.shape == (2, ECHO_CONTEXT)
+    # a bar that repeats the one before echoes each of its next tokens exactly
+    torch.manual_seed(0)
+    base = Performer(ModelConfig.preset("tiny", vocab_size=150)).eval()
+    m = with_recall(base, replace(base.cfg, bar_echo=[1, 2, 50])).eval()
+    base.resample(2), m.resample(2)
+    with torch.no_grad():
+        assert torch.equal(m(ids), base(ids))
+        m.bar_echo.weight.normal_(0.0, 1.0)
+        full = m(ids)
+    lp, st = m.prime(ids[:, :700], chunk=300)
+    outs = [lp]
+    for t in range(700, ids.shape[1]):
+        logits, st = m.step(st, ids[:, t])
+        outs.append(logits[:, None])
+    assert (torch.cat(outs, 1) - full).abs().max().item() <= 1e-4

@@ -441,9 +441,10 @@ def test_a_config_file_that_is_not_text_is_one_line(run_cli, pop_cache, tmp_path
     assert code == 1 and "not a TOML config file" in err, err
 
 
-def test_pitch_memory_fine_tune(run_cli, pop_subset, pop_cache, tmp_path):
-    """--pitch-memory over the parts: added at zero to a model without it (the fine-tune's first
-    loss is the base's), learned, kept in the checkpoint; refused without parts."""
+def test_pitch_memory_and_bar_echo_fine_tune(run_cli, pop_subset, pop_cache, tmp_path):
+    """--pitch-memory over the parts and --bar-echo: added at zero to a model without them (the
+    fine-tune's first loss is the base's), learned, kept in the checkpoint; the pitch memory is
+    refused without parts."""
     from spemusic.data import prepare
     from spemusic.train import TrainConfig, train
 
@@ -453,14 +454,17 @@ def test_pitch_memory_fine_tune(run_cli, pop_subset, pop_cache, tmp_path):
     options = dict(seq_len=128, batch_size=8, steps=15, lr=3e-3, warmup=2, log_every=1, val_every=15,
                    precision="fp32", seed=3)
     losses = {}
-    for memory in (False, True):
-        train(TrainConfig(data=str(cache), init_from=str(tmp_path / "base" / "best"), pitch_memory=memory, **options),
-              tmp_path / f"ft{memory}")
-        losses[memory] = [m["train_loss"] for m in _metrics(tmp_path / f"ft{memory}")]
-    assert losses[True][0] == pytest.approx(losses[False][0], abs=1e-3)  # same batches, same function at step 1
-    model, tok = load_model(tmp_path / "ftTrue" / "last")
+    for name, extra in (("plain", {}), ("memory", {"pitch_memory": True}), ("echo", {"bar_echo": True})):
+        train(TrainConfig(data=str(cache), init_from=str(tmp_path / "base" / "best"), **extra, **options),
+              tmp_path / name)
+        losses[name] = [m["train_loss"] for m in _metrics(tmp_path / name)]
+    for name in ("memory", "echo"):  # same batches, same function at step 1
+        assert losses[name][0] == pytest.approx(losses["plain"][0], abs=1e-3)
+    model, tok = load_model(tmp_path / "memory" / "last")
     assert model.cfg.pitch_memory == [tok.token_to_id[f"Program_{p}"] for p in ("melody", "bridge", "piano")]
-    assert model.pitch_memory.weight.abs().sum() > 0
+    assert model.pitch_memory.weight.abs().sum() > 0 and model.bar_echo is None
+    model, tok = load_model(tmp_path / "echo" / "last")
+    assert model.cfg.bar_echo == [tok.bar_id, *tok.range("Position")] and model.bar_echo.weight.abs().sum() > 0
     code, _, err = run_cli("train", pop_cache, "-o", tmp_path / "x", "--preset", "tiny", "--pitch-memory",
                            "--steps", 1)
     assert code == 1 and "--pitch-memory needs parts" in err and "Traceback" not in err

@@ -1,0 +1,83 @@
+"""What the model is told about its own token stream, beyond the tokens: two input features read
+off the ids, the same on the parallel path and one token at a time, carried across calls.
+
+* Pitch memory: every token sees the last pitch written after each of some Program ids (the
+  parts' tokens). A melody's next note is an interval from its last one, which sits 9-17 tokens
+  back behind the accompaniment's notes in time order (median 10 on POP909): too far and too
+  irregular for linear attention or a short convolution to read sharply.
+* Bar echo: every token sees what came next at the same place of the bar before: the token that
+  followed, one bar earlier, the token at the same (position in the bar, place in its onset), or
+  at the last place before it.
+  At a note's end that is where the last bar's next onset fell; at a Position, which drum or pitch
+  it opened with. A drummer's pattern is a bar (about 75 tokens) back: linear attention blurs it,
+  and a model that cannot look it up exactly cannot copy it.
+
+Both are embeddings added to the token embedding, initialised at zero: added to a trained model,
+they change nothing until training moves them.
+"""
+
+from __future__ import annotations
+
+import torch
+
+# tokens of context the bar echo keeps between calls: the bar before and the one being written
+# (a POP909 bar is about 100-200 tokens, a Groove bar about 75; a longer one is echoed in part)
+ECHO_CONTEXT = 1024
+# places in an onset told apart (Position, Chord, Tempo, then 4 tokens a note: 16 notes and more)
+ECHO_PLACES = 128
+
+
+def pitch_memory(ids: torch.Tensor, carry: tuple | None, programs: torch.Tensor, pitch_range) -> tuple:
+    """Rows (B, T, S) of the pitch memory's table for ids (B, T): 129 * s + 1 + the last pitch
+    written after Program `programs[s]`, or 129 * s for none yet; and the carry after `ids`: (the
+    last token (B,), the last pitch + 1 of each slot (B, S))."""
+    B, T = ids.shape
+    S = len(programs)
+    if carry is None:
+        carry = (ids.new_full((B,), -1), ids.new_zeros(B, S))
+    last_token, last_pitch = carry
+    lo, hi = pitch_range
+    before = torch.cat([last_token[:, None], ids[:, :-1]], 1)
+    hits = ((ids >= lo) & (ids < hi))[..., None] & (before[..., None] == programs)  # (B, T, S)
+    where = torch.arange(T, device=ids.device)[None, :, None].expand(B, T, S)
+    latest = torch.where(hits, where, -1).cummax(1).values  # index of each slot's latest pitch so far
+    pitch = (ids - lo + 1)[..., None].expand(B, T, S).gather(1, latest.clamp(min=0))
+    held = torch.where(latest >= 0, pitch, last_pitch[:, None, :])
+    return held + 129 * torch.arange(S, device=ids.device), (ids[:, -1].clone(), held[:, -1].clone())
+
+
+def bar_echo(ids: torch.Tensor, tail: torch.Tensor | None, bar_id: int, position_range, none_id: int) -> tuple:
+    """For ids (B, T), the token that followed one bar earlier at each one's place, or at the last
+    place before it (B, T), `none_id` where the bar before is not in the context; and the tail to carry (B, ECHO_CONTEXT): the
+    last tokens, -1 before the start of the piece. `tail` None: the ids open the context (a
+    training window). What comes before the context's first Bar (BOS, or a bar cut by the window)
+    is never echoed."""
+    B, T = ids.shape
+    seq = ids if tail is None else torch.cat([tail, ids], 1)
+    N = seq.shape[1]
+    lo, hi = position_range
+    t = torch.arange(N, device=ids.device).expand(B, N)
+    is_bar, is_pos = seq == bar_id, (seq >= lo) & (seq < hi)
+    bar = is_bar.long().cumsum(1)
+    last_bar = torch.where(is_bar, t, -1).cummax(1).values
+    last_pos = torch.where(is_pos, t, -1).cummax(1).values
+    in_onset = last_pos > last_bar
+    pos = torch.where(in_onset, seq.gather(1, last_pos.clamp(min=0)) - lo + 1, 0)  # 0: before the bar's first onset
+    place = (t - torch.maximum(last_bar, last_pos)).clamp(max=ECHO_PLACES - 1)
+    width = (hi - lo + 1) * ECHO_PLACES
+    key = bar * width + pos * ECHO_PLACES + place  # increasing along each row
+    key = torch.where(bar >= 1, key, -1)  # before the first Bar: never matched (targets are at least 0)
+    mine = key[:, N - T:]
+    # the same place one bar back, or the last place before it in that bar (a drummer's onset a
+    # grid step early or late; an onset with fewer notes): every bar opens on its Bar token, so
+    # one is found wherever the bar before lies in the context
+    at = (torch.searchsorted(key.contiguous(), (mine - width).contiguous(), right=True) - 1).clamp(0, N - 2)
+    found = (mine >= width) & (key.gather(1, at) // width == mine // width - 1)
+    echo = torch.where(found, seq.gather(1, at + 1), none_id)
+    keep = seq[:, -ECHO_CONTEXT:]
+    if keep.shape[1] < ECHO_CONTEXT:
+        keep = torch.cat([keep.new_full((B, ECHO_CONTEXT - keep.shape[1]), -1), keep], 1)
+    return echo, keep
+
+
+__all__ = ["ECHO_CONTEXT", "bar_echo", "pitch_memory"]
