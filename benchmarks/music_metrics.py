@@ -84,6 +84,7 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=64)
     ap.add_argument("--bars", type=int, default=16)
     ap.add_argument("--per-prompt", type=int, default=4, help="continuations per groove prompt (one batch)")
+    ap.add_argument("--scratch", type=int, default=16, help="groove pieces of 8 bars from scratch")
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--only", choices=("pop-piano", "groove"))
     ap.add_argument("--pop-model", default="pop-piano")
@@ -307,11 +308,13 @@ def pop_piano(args, opts) -> dict:
 
 
 def groove(args, opts) -> dict:
+    from spemusic.metrics import backbeat_share, backbone_similarity, drum_onsets_per_bar, note_grid
+
     model, tok = load_model(args.groove_model)
     cache = open_dataset(DATA / "groove", tok.config)
     sources = [np.asarray(s) for s in cache.sequences("valid") if np.count_nonzero(np.asarray(s) == tok.bar_id) >= 4]
     sources = sources[:: max(1, len(sources) // args.prompts)][: args.prompts]
-    sims, real = [], []
+    sims, real, backbone = [], [], []
     t0 = time.perf_counter()
     for i, src in enumerate(sources):
         bars = np.flatnonzero(src == tok.bar_id)
@@ -320,25 +323,45 @@ def groove(args, opts) -> dict:
         # one row per prompt: the mean over its continuations
         sims.append(np.nanmean([continuation_similarity(src, out, tok, prompt_bars=2) for out in outs], axis=0))
         if len(bars) > 2 + args.bars:  # the piece's own next bars, as a reference
-            real.append(continuation_similarity(src, src[: bars[2 + args.bars]], tok, prompt_bars=2))
+            own = src[: bars[2 + args.bars]]
+            real.append(continuation_similarity(src, own, tok, prompt_bars=2))
+            # kick and snare: does a continuation keep the prompt's places as well as the piece does?
+            bar = backbone_similarity(src, own, tok, prompt_bars=2)
+            if np.isfinite(bar):
+                backbone += [np.nan_to_num(backbone_similarity(src, out, tok, prompt_bars=2)) >= bar for out in outs]
     sims, real = np.array(sims), np.array(real)
     q, qr = np.nanmean(sims, axis=0), np.nanmean(real, axis=0)
-    # bootstrap over prompts: how much of the ratio is sampling noise
+    # bootstrap over prompts: each quarter's mean and the last/first ratio, with their 90% intervals
     rng = np.random.default_rng(0)
-    boots = [np.nanmean(s[:, 3]) / np.nanmean(s[:, 0]) for s in (sims[rng.integers(0, len(sims), len(sims))]
-                                                                 for _ in range(2000))]
-    lo, hi = np.percentile(boots, [5, 95])
+    draws = [sims[rng.integers(0, len(sims), len(sims))] for _ in range(2000)]
+    q_lo, q_hi = np.percentile([np.nanmean(d, axis=0) for d in draws], [5, 95], axis=0)
+    lo, hi = np.percentile([np.nanmean(d[:, 3]) / np.nanmean(d[:, 0]) for d in draws], [5, 95])
     print(f"\ngroove ({args.groove_model}): {args.per_prompt} continuations of {args.bars} bars after each of "
           f"{len(sources)} 2-bar prompts (Groove valid), {time.perf_counter() - t0:.0f} s, top-p {opts.top_p}, "
           f"bar top-p {opts.bar_top_p}")
-    def quarters(v):
-        return "  ".join(f"Q{i + 1} {x:.3f}" for i, x in enumerate(v)) + f"  -> last/first {v[3] / v[0]:.2f}"
-
-    print(f"style similarity to the source, per quarter: {quarters(q)} "
-          f"(90% bootstrap interval {lo:.2f}-{hi:.2f}; goal >= 0.8)")
-    print(f"real next bars ({len(real)} pieces long enough):  {quarters(qr)}")
-    return {"model": str(args.groove_model), "quarters": q.tolist(), "ratio": float(q[3] / q[0]),
-            "ratio_90": [float(lo), float(hi)], "real_quarters": qr.tolist(), "per_prompt": sims.tolist()}
+    print("style similarity to the source, per quarter (90% bootstrap interval over prompts), against the real next "
+          "bars of the pieces long enough")
+    ok = [q[i] >= 0.8 * qr[i] for i in range(4)]
+    for i in range(4):
+        print(f"  Q{i + 1}  {q[i]:.3f} ({q_lo[i]:.3f}-{q_hi[i]:.3f})   real {qr[i]:.3f}   ratio {q[i] / qr[i]:.2f}   "
+              f"goal >= 0.8  {'met' if ok[i] else 'MISSED'}")
+    print(f"  last/first {q[3] / q[0]:.2f} (90% interval {lo:.2f}-{hi:.2f}; goal >= 0.9, "
+          f"{'met' if q[3] / q[0] >= 0.9 else 'MISSED'})")
+    share = float(np.mean(backbone)) if backbone else float("nan")
+    print(f"kick and snare: {share:.3f} of {len(backbone)} continuations keep the prompt's places (16ths) at least as "
+          "well as the piece's own next bars")
+    scratch = sample(model, tok, num=args.scratch, bars=8, seed=10_000 + args.seed, options=opts).ids
+    gen_grids, real_grids = [note_grid(s, tok) for s in scratch], [note_grid(s, tok) for s in sources]
+    print(f"from scratch ({args.scratch} pieces of 8 bars) against the {len(sources)} valid pieces:")
+    scratch_rows = {}
+    for name, fn in (("bars with a snare on beats 2 and 4", backbeat_share), ("drum onsets per bar", drum_onsets_per_bar)):
+        g, r = np.nanmean([fn(x) for x in gen_grids]), np.nanmean([fn(x) for x in real_grids])
+        scratch_rows[name] = [float(g), float(r)]
+        print(f"  {name:<36}{g:>8.3f}{r:>8.3f}   ratio {g / r:.2f}   goal 1 ± 0.15  "
+              f"{'met' if abs(g / r - 1) <= 0.15 else 'MISSED'}")
+    return {"model": str(args.groove_model), "quarters": q.tolist(), "quarters_90": [q_lo.tolist(), q_hi.tolist()],
+            "ratio": float(q[3] / q[0]), "ratio_90": [float(lo), float(hi)], "real_quarters": qr.tolist(),
+            "backbone_share": share, "from_scratch": scratch_rows, "per_prompt": sims.tolist()}
 
 
 if __name__ == "__main__":

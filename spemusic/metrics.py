@@ -352,3 +352,43 @@ def collection_summary(paths: list[Path], tok: REMITokenizer) -> tuple[dict, lis
     keys = rows[0].keys()
     return {k: float(np.nanmean([r[k] for r in rows])) if any(np.isfinite(r[k]) for r in rows) else float("nan")
             for k in keys} | {"files": len(rows)}, skipped
+
+
+# the backbone of a groove: kick and snare (General MIDI, and the Groove set's kit: 37 side stick,
+# 40 snare rim)
+KICKS, SNARES = (35, 36), (37, 38, 40)
+
+
+def _in_16ths(g: NoteGrid, pitches) -> tuple[np.ndarray, np.ndarray]:
+    """(bar, sixteenth of the bar) of the drum hits on `pitches` (onsets rounded to the 16th)."""
+    sel = g.drum & np.isin(g.pitch, pitches)
+    return g.bar[sel], np.rint(g.pos[sel] * 4 / g.res).astype(np.int64)
+
+
+def backbeat_share(g: NoteGrid) -> float:
+    """The share of 4/4 bars with a note that have a snare on beat 2 and on beat 4 (to the 16th)."""
+    bars, sixteenths = _in_16ths(g, SNARES)
+    full = [b for b in np.unique(g.bar) if g.bar_len[b] == 4 * g.res]
+    if not full:
+        return float("nan")
+    return float(np.mean([{4, 12} <= set(sixteenths[bars == b].tolist()) for b in full]))
+
+
+def drum_onsets_per_bar(g: NoteGrid) -> float:
+    """Distinct drum onsets (grid steps) per bar."""
+    return float(len(np.unique(g.onset[g.drum])) / g.n_bars) if g.n_bars else float("nan")
+
+
+def backbone_similarity(source_ids, continuation_ids, tok: REMITokenizer, prompt_bars: int) -> float:
+    """How closely a continuation's kick and snare keep the prompt's places in the bar: the cosine
+    of their (drum, sixteenth of the bar) histograms, the first `prompt_bars` bars of the source
+    against the continuation's bars after them."""
+    def histogram(g: NoteGrid, keep) -> np.ndarray:
+        h = np.zeros((2, 64))
+        for row, pitches in enumerate((KICKS, SNARES)):
+            bars, sixteenths = _in_16ths(g, pitches)
+            np.add.at(h[row], np.minimum(sixteenths[keep(bars)], 63), 1)
+        return h.ravel()
+
+    prompt = histogram(note_grid(source_ids, tok), lambda b: b < prompt_bars)
+    return cosine(prompt, histogram(note_grid(continuation_ids, tok), lambda b: b >= prompt_bars))
