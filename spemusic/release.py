@@ -45,6 +45,8 @@ def export(src: Path, dest: Path, name: str, data: Path, credit: str, command: s
     within = report.mean_between(0, seq_len)
     beyond = report.mean_between(seq_len, eval_len)
     cfg = model.cfg.to_dict()
+    recall = "".join(text for key, text in (("pitch_memory", ", pitch memory of the parts"), ("bar_echo", ", bar echo"))
+                     if cfg.get(key))
     card = f"""# {name}
 
 A Performer (FAVOR+ linear attention) with gated sineSPE, shipped with spemusic. Trained on
@@ -55,7 +57,7 @@ the Groove MIDI Dataset (CC BY 4.0)" covers both shipped models.
 |---|---|
 | parameters | {info['parameters']:,} (weights stored in fp16, FAVOR+ features in fp32) |
 | positional encoding | {cfg['pe']}{' gated' if cfg['gated'] else ''}, {cfg['n_sines']} sines, R = {cfg['n_realizations']}, shared across layers |
-| model | {cfg['n_layers']} layers, d_model {cfg['d_model']}, {cfg['n_heads']} heads, d_ff {cfg['d_ff']}, {cfg['n_features']} FAVOR+ features{f", short convolution of {cfg['short_conv']} tokens" if cfg.get('short_conv') else ''} |
+| model | {cfg['n_layers']} layers, d_model {cfg['d_model']}, {cfg['n_heads']} heads, d_ff {cfg['d_ff']}, {cfg['n_features']} FAVOR+ features{f", short convolution of {cfg['short_conv']} tokens" if cfg.get('short_conv') else ''}{recall} |
 | tokenizer | REMI, {tok.config.beat_resolution} steps per quarter, {len(tok)} tokens (fingerprint {tok.config.fingerprint()}) |
 | trained length | {seq_len} tokens |
 | steps | {info['step']:,} |
