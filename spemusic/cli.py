@@ -538,6 +538,8 @@ TRAIN_OPTIONS = {
                      "melodic intervals at any distance. Needs --parts; added to an --init-from model at zero.")),
     "bar_echo": ("Model", ("Every token also sees what came next at its place in the bar before (a drummer's "
                  "pattern, an accompaniment's figure). Added to an --init-from model at zero.")),
+    "recall_lr_scale": ("Optimisation", ("The --pitch-memory and --bar-echo tables learn this many times faster than "
+                        "the rest (they start at zero).")),
     "max_len": ("Model", ("Longest sequence of an absolute PE (ape, sinusoidal, axial) at generation/eval; SPE has "
                 "no limit."), "max(seq-len, 2048)"),
     "init_from": ("Model", ("Fine-tune: start from this model (a shipped name or a checkpoint), with its size, PE "
@@ -611,6 +613,7 @@ def train(
     short_conv: int | None = _train_option("short_conv", "--short-conv"),
     pitch_memory: bool | None = _train_option("pitch_memory", "--pitch-memory/--no-pitch-memory"),
     bar_echo: bool | None = _train_option("bar_echo", "--bar-echo/--no-bar-echo"),
+    recall_lr_scale: float | None = _train_option("recall_lr_scale", "--recall-lr-scale"),
     seed: int | None = _train_option("seed"),
     max_len: int | None = _train_option("max_len", "--max-len"),
     init_from: str | None = _train_option("init_from", "--init-from"),

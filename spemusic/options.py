@@ -74,6 +74,7 @@ class TrainConfig:
     pitch_memory: bool = False   # every token sees the last pitch of each part (needs parts; added at zero to
                                  # a fine-tuned model without it)
     bar_echo: bool = False       # every token sees what came next at its place one bar back (added at zero)
+    recall_lr_scale: float = 10.0  # the stream features' tables learn this many times faster than the rest
 
     def check(self) -> None:
         one_of = "{%s} must be one of {choices} (got {value!r})"
@@ -93,11 +94,13 @@ class TrainConfig:
         if self.steps > 0 and self.epochs > 0:
             raise OptionError("give {steps} or {epochs}, not both (got {n} steps and {e} epochs)", n=self.steps,
                               e=self.epochs)
-        for name in ("lr", "weight_decay", "epochs", "grad_clip"):
+        for name in ("lr", "weight_decay", "epochs", "grad_clip", "recall_lr_scale"):
             if not math.isfinite(getattr(self, name)):
                 raise OptionError("{%s} must be a finite number (got {value})" % name, value=getattr(self, name))
         if self.lr <= 0:
             raise OptionError("{lr} must be positive")
+        if self.recall_lr_scale <= 0:
+            raise OptionError("{recall_lr_scale} must be positive")
         for name in ("warmup", "feature_redraw", "transpose"):
             if getattr(self, name) < 0:
                 raise OptionError("{%s} must be at least 0" % name)

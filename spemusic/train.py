@@ -126,14 +126,15 @@ def decay_groups(model: torch.nn.Module, legacy: bool = False) -> tuple[list, li
 
 # The stream features' tables (spemusic.recall) start at zero, usually in a model fine-tuned
 # gently: at the model's learning rate they would take thousands of steps to say anything (100
-# steps at 8e-5 left pop-piano's melody intervals as they were), so they learn this much faster.
-RECALL_LR_SCALE = 10.0
+# steps at 8e-5 left pop-piano's melody intervals as they were), so they learn faster
+# (TrainConfig.recall_lr_scale times the rate).
 RECALL_PARAMETERS = ("pitch_memory.weight", "bar_echo.weight")
 
 
-def build_optimizer(model: Performer, lr: float, weight_decay: float, device: torch.device) -> torch.optim.AdamW:
+def build_optimizer(model: Performer, lr: float, weight_decay: float, device: torch.device,
+                    recall_lr_scale: float = 10.0) -> torch.optim.AdamW:
     """AdamW with weight decay where `decay_groups` puts it, and the stream features' tables in a
-    group of their own (no decay, RECALL_LR_SCALE times the rate). Fused (one kernel over all
+    group of their own (no decay, `recall_lr_scale` times the rate). Fused (one kernel over all
     tensors) on CPUs as on GPUs: on a CPU the default foreach form took several times longer per
     optimizer step."""
     recall = [p for n, p in model.named_parameters() if n in RECALL_PARAMETERS]
@@ -141,7 +142,7 @@ def build_optimizer(model: Performer, lr: float, weight_decay: float, device: to
         [p for p in group if all(p is not q for q in recall)] for group in decay_groups(model))
     groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     if recall:
-        groups.append({"params": recall, "weight_decay": 0.0, "lr": lr * RECALL_LR_SCALE})
+        groups.append({"params": recall, "weight_decay": 0.0, "lr": lr * recall_lr_scale})
     return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.95), fused=device.type in ("cuda", "cpu"))
 
 
@@ -491,7 +492,7 @@ def autocast_dtype(cfg: TrainConfig, device: torch.device, model_cfg: ModelConfi
 
 def build_optimizer_and_scheduler(model: Performer, cfg: TrainConfig, device: torch.device):
     """AdamW (build_optimizer) and its warmup/cosine schedule over the run's steps."""
-    optimizer = build_optimizer(model, cfg.lr, cfg.weight_decay, device)
+    optimizer = build_optimizer(model, cfg.lr, cfg.weight_decay, device, cfg.recall_lr_scale)
     return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg.warmup, cfg.steps))
 
 
