@@ -27,8 +27,7 @@ def child(model: str, length: int, num: int, seed: int, asked: dict) -> None:
     import torch
 
     from spemusic.checkpoint import load_model
-    from spemusic.cli import _sampling_options
-    from spemusic.sampling import sample
+    from spemusic.sampling import SamplingOptions, sample
 
     if num <= 2:
         torch.set_num_threads(1)  # as `spemusic generate` does for batch-1 sampling
@@ -42,7 +41,7 @@ def child(model: str, length: int, num: int, seed: int, asked: dict) -> None:
         times.append(now - last[0])
         last[0] = now
 
-    options = _sampling_options({"name": model}, 1.0, 0, **asked)  # what `generate` samples with
+    options = SamplingOptions.for_model(model, **asked)  # what `generate` samples with
     result = sample(model_, tok, num=num, length=length, seed=seed, on_token=on_token, options=options)
     tail = times[-min(1000, len(times) // 2):]
     head = times[5: 5 + len(tail)]

@@ -34,9 +34,9 @@ from pathlib import Path
 import numpy as np
 
 from spemusic.checkpoint import load_model, read_metadata, resolve
-from spemusic.cli import CHORD_STRENGTH, _sampling_options
 from spemusic.data import open_dataset
 from spemusic.metrics import continuation_similarity, summary
+from spemusic.options import CHORD_STRENGTH
 from spemusic.sampling import SamplingOptions, sample
 
 from _errors import run_script  # (benchmarks/, the script's own folder)
@@ -104,7 +104,7 @@ def main() -> None:
         # the defaults of `generate` for that model: by the name it was released under, so that a
         # candidate in another folder is measured as it would ship
         info = read_metadata(resolve(model_name))["info"]
-        return _sampling_options(info, args.temperature, 0, top_p=args.top_p,
+        return SamplingOptions.for_model(info.get("name"), args.temperature, 0, top_p=args.top_p,
                                  bar_top_p=args.bar_top_p, onset_top_p=args.onset_top_p, repeat=args.repeat,
                                  hole_penalty=args.hole_penalty, stacking=args.stacking)
 

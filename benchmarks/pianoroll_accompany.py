@@ -28,10 +28,10 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=1)
     args = ap.parse_args()
     from spemusic.checkpoint import load_model
-    from spemusic.cli import _sampling_options
+    from spemusic.sampling import SamplingOptions
 
     model, tok, info = load_model("pop-piano", return_info=True)
-    opts = _sampling_options(info, 1.0, 0)  # accompany's defaults
+    opts = SamplingOptions.for_model(info.get("name"))  # accompany's defaults
     beats = DATA / "beats" / f"{args.song}.txt"
     melody = load_melody(DATA / f"{args.song}.mid", tok, beats=beats)
     song = tok.encode(DATA / f"{args.song}.mid", beats=beats, chords=DATA / "chords" / f"{args.song}.txt")

@@ -15,10 +15,10 @@ import numpy as np
 import torch
 
 from spemusic.checkpoint import load_model, read_metadata, resolve
-from spemusic.cli import SAMPLING_DEFAULTS, _sampling_options
 from spemusic.data import open_dataset
 from spemusic.metrics import part_summary, summary
-from spemusic.sampling import sample
+from spemusic.options import SAMPLING_DEFAULTS
+from spemusic.sampling import SamplingOptions, sample
 
 from _errors import run_script  # (benchmarks/, the script's own folder)
 
@@ -53,7 +53,8 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(max(1, torch.get_num_threads()))
     model, tok = load_model(args.model)
-    defaults = _sampling_options(read_metadata(resolve(args.model))["info"], 1.0, 0)
+    name = read_metadata(resolve(args.model))["info"].get("name")
+    defaults = SamplingOptions.for_model(name)
     knobs = [k for k in SAMPLING_DEFAULTS if getattr(defaults, k) != OFF[k]]
     variants = {"defaults": {}, **{f"no {k}": {k: OFF[k]} for k in knobs},
                 "model alone": {k: OFF[k] for k in knobs}}
@@ -65,7 +66,7 @@ def main() -> None:
     print(f"{'':<22}" + "".join(f"{LABELS.get(k, k):>12}" for k in keys))
     print(f"{'real songs':<22}" + "".join(f"{real[k]:>12.3f}" for k in keys), flush=True)
     for name, off in variants.items():
-        opts = _sampling_options(read_metadata(resolve(args.model))["info"], 1.0, 0, **off)
+        opts = SamplingOptions.for_model(name, **off)
         res = sample(model, tok, num=args.pieces, length=args.length, seed=args.seed, options=opts)
         got = means(res.ids, tok)
         print(f"{name:<22}" + "".join(f"{got[k]:>12.3f}" for k in keys), flush=True)

@@ -30,11 +30,10 @@ import numpy as np
 import torch
 
 from spemusic.checkpoint import load_model
-from spemusic.cli import _sampling_options
 from spemusic.data import open_dataset
 from spemusic.grammar import GrammarState, REMIGrammar
 from spemusic.metrics import note_grid, sounding
-from spemusic.sampling import sample
+from spemusic.sampling import SamplingOptions, sample
 
 from _errors import run_script  # (benchmarks/, the script's own folder)
 
@@ -152,7 +151,7 @@ def main() -> None:
     cache = open_dataset(pop, tok.config, beats_dir=pop / "beats" if annotated else None,
                          chords_dir=pop / "chords" if annotated else None)
     real = [np.asarray(s)[: args.length] for s in cache.sequences("valid")]
-    opts = _sampling_options({"name": Path(args.model).name}, 1.0, 0)
+    opts = SamplingOptions.for_model(Path(args.model).name)
     t0 = time.perf_counter()
     generated = []
     for b in range(0, args.pieces, 8):  # the seeds of benchmarks/music_metrics.py

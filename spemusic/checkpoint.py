@@ -187,6 +187,7 @@ def load_model(name_or_path: str | Path = "pop-piano", device: str | torch.devic
         raise SpemusicError(f"{weights}: weights are not finite (NaN or infinity in {bad}): the run that saved them diverged")
     model.float().to(device).eval()
     model.trained_tokens = _trained_tokens(weights, meta["info"], len(tokenizer))
+    model.release_name = meta["info"].get("name")  # its sampling defaults (SamplingOptions.for_model)
     if return_info:
         return model, tokenizer, meta["info"]
     return model, tokenizer

@@ -21,7 +21,18 @@ from rich.table import Table
 from . import __version__
 from ._start import import_native_libraries
 from .errors import OptionError, SpemusicError
-from .options import ATTENTION_OPTIONS, MODEL_PRESETS, PE_OPTIONS, PRESETS, STEP_PRECISIONS, TRAIN_PRECISIONS, TrainConfig
+from .options import (
+    ATTENTION_OPTIONS,
+    CHORD_STRENGTH,
+    MODEL_PRESETS,
+    MODEL_SAMPLING,
+    PE_OPTIONS,
+    PRESETS,
+    SAMPLING_DEFAULTS,
+    STEP_PRECISIONS,
+    TRAIN_PRECISIONS,
+    TrainConfig,
+)
 
 # typer prints a <bool> type placeholder after every flag (--overwrite <bool>), as if it took a
 # value; flags take none, so their type column stays empty
@@ -113,24 +124,9 @@ def _set_threads(threads: int | None, default: int | None = None) -> None:
 
 
 # the chord-tone bias of --chords (sampling.chord_tones): the models alone follow chord tokens weakly
-CHORD_STRENGTH = 2.0
-# sampling defaults, chosen by benchmarks/music_metrics.py: pure sampling of the notes (a nucleus
-# stacked notes at an onset and left holes), and a nucleus at the bar line, where a meter change
-# sampled from the tail would hold for many bars
-SAMPLING_DEFAULTS = dict(top_p=1.0, bar_top_p=0.8, onset_top_p=1.0, repeat=0.0, hole_penalty=0.0, stacking=1.0)
 AS_FOLDER = " (./NAME: a folder named like a shipped model)"  # a bare shipped name is the shipped model
-MODEL_SAMPLING = {
-    # groove's continuations keep closer to their prompt's style with the unlikely hits cut: one
-    # stray hit and the model takes the bar for a fill (benchmarks/groove_drift.py, docs/groove-history.md)
-    "groove": dict(top_p=0.8, bar_top_p=0.8),
-    # pop-piano leaves fewer holes with the far onsets cut and the onsets that would leave a hole
-    # discouraged, and stacks as many notes per onset with the odds of a third note and more
-    # tempered. The continuous cache (--repeat) is off: with parts it made the melody repeat its
-    # own notes instead of moving by steps (docs/sampling.md)
-    "pop-piano": dict(onset_top_p=0.9, hole_penalty=4.0, stacking=0.8),
-}
 def _sampling_default(key: str) -> str:
-    """'[default: …]' of a sampling option, from SAMPLING_DEFAULTS and MODEL_SAMPLING."""
+    """'[default: …]' of a sampling option, from SAMPLING_DEFAULTS and MODEL_SAMPLING (spemusic.options)."""
     by_model = [f"{defaults[key]:g} for {name}" for name, defaults in MODEL_SAMPLING.items() if key in defaults]
     return f"\\[default: {'; '.join([f'{SAMPLING_DEFAULTS[key]:g}', *by_model])}]"
 
@@ -151,15 +147,10 @@ STACKING_HELP = ("Once an onset holds two notes, the odds of one more note there
                  "fewer stacked notes); 1 turns it off. " + _sampling_default("stacking"))
 
 def _sampling_options(info: dict, temperature: float, top_k: int, **asked):
-    """The sampling options asked for (SAMPLING_DEFAULTS' keys; None: not given), the model's
-    defaults where none was given."""
+    """The sampling options asked for (None: not given), the model's defaults where none was given."""
     from .sampling import SamplingOptions
 
-    defaults = {**SAMPLING_DEFAULTS, **MODEL_SAMPLING.get(info.get("name", ""), {})}
-    chosen = {k: defaults[k] if asked.get(k) is None else asked[k] for k in SAMPLING_DEFAULTS}
-    options = SamplingOptions(temperature=temperature, top_k=top_k, **chosen)
-    options.check()
-    return options
+    return SamplingOptions.for_model(info.get("name"), temperature=temperature, top_k=top_k, **asked)
 INTERRUPTED_AND_SAID = 1130  # exit code 130, after a command's own message about the interruption
 MAX_CHORD_STRENGTH = 100  # nats: e^-100 leaves nothing but the chord tones; more overflows the logits
 MAX_PIECES = 256  # pieces sampled in one batch (each holds its own state, grammar and sequence)

@@ -399,6 +399,9 @@ class Performer(nn.Module):
         # (V,) bool, the vocabulary seen in training (set by load_model from the checkpoint; None:
         # unknown): the sampler keeps to it
         self.trained_tokens = None
+        # the name it was released under (set by load_model; None: not a release): the sampling
+        # defaults spemusic.pieces and the commands give it (SamplingOptions.for_model)
+        self.release_name = None
         # training only: recompute each block's activations in the backward pass instead of
         # keeping them (less memory for long sequences, about one more forward of compute)
         self.checkpoint_activations = False

@@ -131,3 +131,28 @@ class TrainConfig:
             if not isinstance(value, accepted) or (isinstance(value, bool) and bool not in accepted):
                 raise SpemusicError(f"training option {name}{where} must be {expected}, not {value!r}")
         return cls(**d)
+
+
+# Sampling defaults of every model, chosen by benchmarks/music_metrics.py: pure sampling of the
+# notes (a nucleus stacked notes at an onset and left holes), and a nucleus at the bar line, where
+# a meter change sampled from the tail would hold for many bars. Then each shipped model's own, by
+# the name it was released under (its checkpoint's info["name"]); docs/sampling.md says why.
+CHORD_STRENGTH = 2.0  # nats added to the asked chords' tones (--chord-strength)
+SAMPLING_DEFAULTS = dict(top_p=1.0, bar_top_p=0.8, onset_top_p=1.0, repeat=0.0, hole_penalty=0.0, stacking=1.0)
+MODEL_SAMPLING = {
+    # groove's continuations keep closer to their prompt's style with the unlikely hits cut: one
+    # stray hit and the model takes the bar for a fill (benchmarks/groove_drift.py)
+    "groove": dict(top_p=0.8, bar_top_p=0.8),
+    # pop-piano leaves fewer holes with the far onsets cut and the onsets that would leave a hole
+    # discouraged, and stacks as many notes per onset with the odds of a third note and more
+    # tempered. The continuous cache (--repeat) is off: with parts it made the melody repeat its
+    # own notes instead of moving by steps
+    "pop-piano": dict(onset_top_p=0.9, hole_penalty=4.0, stacking=0.8),
+}
+
+
+def model_sampling(name: str | None, **asked) -> dict:
+    """The values of SAMPLING_DEFAULTS' keys for a model released as `name`: those `asked` (None:
+    not given), else the model's own defaults, else every model's."""
+    defaults = {**SAMPLING_DEFAULTS, **MODEL_SAMPLING.get(name or "", {})}
+    return {k: defaults[k] if asked.get(k) is None else asked[k] for k in SAMPLING_DEFAULTS}

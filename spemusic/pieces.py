@@ -89,7 +89,7 @@ def accompany(model: Performer, tokenizer: REMITokenizer, melody, *, num: int = 
 
     if "melody" in parts:
         raise ValueError("accompany writes the parts under the melody, not the melody")
-    result = sample(model, tokenizer, num=num, bars=melody.bars, seed=seed, options=options,
+    result = sample(model, tokenizer, num=num, bars=melody.bars, seed=seed, options=_model_options(model, options),
                     weights_dtype=weights_dtype, chords=chords, chord_strength=chord_strength,
                     parts=("melody", *parts), held=HeldMelody.of(melody.ids, tokenizer), on_token=on_token,
                     should_stop=should_stop)
@@ -111,11 +111,17 @@ def continue_prompt(model: Performer, tokenizer: REMITokenizer, prompt: Prompt, 
                    key=key, overlaps=overlaps, on_token=on_token, should_stop=should_stop)
 
 
+def _model_options(model: Performer, options: SamplingOptions | None) -> SamplingOptions:
+    """The options given, else those `spemusic generate` samples this model with."""
+    return options if options is not None else SamplingOptions.for_model(model.release_name)
+
+
 def _pieces(model, tokenizer, prompt: Prompt | None, only_continuation: bool, *, key, overlaps, **sampling) -> Pieces:
     if sampling.get("parts") is not None and not tokenizer.config.parts:
         from .errors import OptionError
 
         raise OptionError("{parts}: this model has no parts (melody, bridge, piano)")
+    sampling["options"] = _model_options(model, sampling.get("options"))
     result = sample(model, tokenizer, prompt=None if prompt is None else prompt.ids, **sampling)
     keys = _move_to_key(result, tokenizer, key) if key is not None else None
     prompt_tokens = 1 if prompt is None else len(prompt.ids)  # BOS, or the prompt's tokens

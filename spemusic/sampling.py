@@ -18,6 +18,7 @@ from .device import cpu_has_fast_bf16
 from .errors import MidiError, OptionError
 from .grammar import BAR, CHORD, NOTE_END, POSITION, PROGRAM, TIMESIG, GrammarState, REMIGrammar
 from .model import Performer
+from .options import model_sampling
 from .tokenizer import REMITokenizer
 
 
@@ -56,6 +57,15 @@ class SamplingOptions:
 
     def cache(self) -> CacheOptions | None:
         return CacheOptions(weight=self.repeat) if self.repeat > 0 else None
+
+    @classmethod
+    def for_model(cls, name: str | None, temperature: float = 1.0, top_k: int = 0, **asked) -> SamplingOptions:
+        """The options `spemusic generate` samples a model with: those asked (None: not given),
+        else the defaults of the model released as `name` (a loaded model's `release_name`; see
+        spemusic.options.MODEL_SAMPLING), checked."""
+        options = cls(temperature=temperature, top_k=top_k, **model_sampling(name, **asked))
+        options.check()
+        return options
 
 
 def check_length_bars(length: int | None, bars: int | None) -> None:

@@ -558,11 +558,11 @@ def test_out_of_range_sampling_options(run_cli, tiny_checkpoint, tmp_path, args,
 
 
 def test_sampling_defaults_follow_the_model():
-    from spemusic.cli import _sampling_options
+    from spemusic.sampling import SamplingOptions
 
-    pop = _sampling_options({"name": "pop-piano"}, 1.0, 0)
-    groove = _sampling_options({"name": "groove"}, 1.0, 0)
-    mine = _sampling_options({}, 1.0, 0, top_p=0.9, bar_top_p=None)
+    pop = SamplingOptions.for_model("pop-piano")
+    groove = SamplingOptions.for_model("groove")
+    mine = SamplingOptions.for_model(None, top_p=0.9, bar_top_p=None)
     assert (pop.top_p, pop.bar_top_p) == (1.0, 0.8)
     assert (groove.top_p, groove.bar_top_p) == (0.8, 0.8)
     assert (mine.top_p, mine.bar_top_p) == (0.9, 0.8)  # what the user gives wins
@@ -570,7 +570,7 @@ def test_sampling_defaults_follow_the_model():
     assert (pop.repeat, pop.onset_top_p, pop.hole_penalty, pop.stacking) == (0.0, 0.9, 4.0, 0.8)
     assert (groove.repeat, groove.onset_top_p, groove.hole_penalty, groove.stacking) == (0.0, 1.0, 0.0, 1.0)
     assert (mine.repeat, mine.onset_top_p, mine.hole_penalty, mine.stacking) == (0.0, 1.0, 0.0, 1.0)
-    assert _sampling_options({"name": "pop-piano"}, 1.0, 0, repeat=0.0).repeat == 0.0
+    assert SamplingOptions.for_model("pop-piano", repeat=0.0).repeat == 0.0
 
 
 def test_sampling_keeps_to_the_vocabulary_seen_in_training(tiny_checkpoint, examples):
@@ -705,3 +705,18 @@ def test_meter_holds_for_the_whole_piece_and_tempo_is_written_exactly(run_cli, t
         grammar.advance(st, t)
     lo, hi = tok.range("TimeSig")
     assert grammar.allowed(st)[lo:hi].any() and not steer.mask(st, 2, True)[lo:hi].any()
+
+
+def test_the_library_makes_the_music_the_command_makes(run_cli, tmp_path):
+    """spemusic.pieces.generate with a shipped model and no options samples with generate's own
+    defaults for it: the same seed gives the same notes."""
+    from spemusic import load_model
+    from spemusic.pieces import generate
+
+    code, _, err = run_cli("generate", "--bars", 2, "--seed", 3, "-o", tmp_path / "cli.mid")
+    assert code == 0, err
+    model, tok = load_model("pop-piano")
+    lib = generate(model, tok, bars=2, seed=3).midis[0]
+    cli = miditoolkit.MidiFile(str(tmp_path / "cli.mid"))
+    notes = lambda m: sorted((n.start, n.pitch, n.velocity) for i in m.instruments for n in i.notes)  # noqa: E731
+    assert notes(lib) == notes(cli) and notes(cli)
