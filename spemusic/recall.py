@@ -71,9 +71,9 @@ def bar_echo(ids: torch.Tensor, tail: torch.Tensor | None, bar_id: int, position
     # the same place one bar back, or the last place before it in that bar (a drummer's onset a
     # grid step early or late; an onset with fewer notes): every bar opens on its Bar token, so
     # one is found wherever the bar before lies in the context
-    at = (torch.searchsorted(key.contiguous(), (mine - width).contiguous(), right=True) - 1).clamp(0, N - 2)
-    found = (mine >= width) & (key.gather(1, at) // width == mine // width - 1)
-    echo = torch.where(found, seq.gather(1, at + 1), none_id)
+    at = (torch.searchsorted(key.contiguous(), (mine - width).contiguous(), right=True) - 1).clamp(0, max(N - 2, 0))
+    found = (mine >= width) & (key.gather(1, at) // width == mine // width - 1)  # (never with N < 2: no bar before)
+    echo = torch.where(found, seq.gather(1, (at + 1).clamp(max=N - 1)), none_id)
     keep = seq[:, -ECHO_CONTEXT:]
     if keep.shape[1] < ECHO_CONTEXT:
         keep = torch.cat([keep.new_full((B, ECHO_CONTEXT - keep.shape[1]), -1), keep], 1)

@@ -743,3 +743,9 @@ def test_bar_echo_is_the_next_token_one_bar_back_and_the_same_one_token_at_a_tim
         logits, st = m.step(st, ids[:, t])
         outs.append(logits[:, None])
     assert (torch.cat(outs, 1) - full).abs().max().item() <= 1e-4
+    st, outs = m.init_state(2), []  # from scratch, one token at a time (a prompt of one token too)
+    for t in range(300):
+        logits, st = m.step(st, ids[:, t])
+        outs.append(logits[:, None])
+    assert (torch.cat(outs, 1) - full[:, :300]).abs().max().item() <= 1e-4
+    assert (m.prime(ids[:, :1])[0] - full[:, :1]).abs().max().item() <= 1e-4
