@@ -65,11 +65,11 @@ def main() -> None:
           f"defaults: {', '.join(f'{k} {getattr(defaults, k):g}' for k in knobs)}")
     print(f"{'':<22}" + "".join(f"{LABELS.get(k, k):>13}" for k in keys))
     print(f"{'real songs':<22}" + "".join(f"{real[k]:>13.3f}" for k in keys), flush=True)
-    for name, off in variants.items():
+    for variant, off in variants.items():
         opts = SamplingOptions.for_model(name, **off)
         res = sample(model, tok, num=args.pieces, length=args.length, seed=args.seed, options=opts)
         got = means(res.ids, tok)
-        print(f"{name:<22}" + "".join(f"{got[k]:>13.3f}" for k in keys), flush=True)
+        print(f"{variant:<22}" + "".join(f"{got[k]:>13.3f}" for k in keys), flush=True)
 
 
 if __name__ == "__main__":
