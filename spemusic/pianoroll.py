@@ -21,6 +21,7 @@ from .errors import OptionError, SpemusicError
 FORMATS = (".png", ".svg", ".pdf")
 CONTINUATION_MARKER = "continuation"  # written by `continue` where the new bars begin
 DPI = 100
+SYSTEM_BARS = 16  # bars per row of a long piece
 BLACK_KEYS = {1, 3, 6, 8, 10}
 TRACK_COLOURS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf")
 
@@ -140,7 +141,6 @@ def render(score: symusic.Score, fmt: str = ".png", bars: tuple[int, int] | None
     """The piano roll of `score` as PNG, SVG or PDF bytes; `beats` (spemusic.beats.Beats): its
     bars are the annotated ones, not the file's time signatures'."""
     plt = require_matplotlib()
-    import pretty_midi
 
     if fmt not in FORMATS:
         raise SpemusicError(f"cannot draw a {fmt or 'suffix-less'} file; use {', '.join(FORMATS)}")
@@ -152,11 +152,35 @@ def render(score: symusic.Score, fmt: str = ".png", bars: tuple[int, int] | None
         raise OptionError("{bars} {first}:{last}: the file has {n} bar{s}", first=first, last=last or "", n=n_bars,
                           s="s" * (n_bars != 1))
     last = min(last, n_bars)
-    x0, x1 = grid.starts[first - 1], grid.starts[last]
     pitched = [t for t in score.tracks if not t.is_drum and len(t.notes)]
     drums = [t for t in score.tracks if t.is_drum and len(t.notes)]
     if not pitched and not drums:
         raise SpemusicError("no notes to draw")
+    # a long piece without an asked size goes on in rows of SYSTEM_BARS bars, as a score does,
+    # not on one strip too wide to read
+    systems = [(a, min(a + SYSTEM_BARS - 1, last)) for a in range(first, last + 1, SYSTEM_BARS)]
+    if size is not None or len(systems) <= 2:
+        systems = [(first, last)]
+    bar_px = 64  # pixels per bar when the size is not given
+    row_height = 620 if not drums else 760
+    width, height = size or (int(np.clip(220 + bar_px * (systems[0][1] - systems[0][0] + 1), 900, 8000)),
+                             row_height if len(systems) == 1 else (row_height - 150) * len(systems) + 60)
+    fig = plt.figure(figsize=(width / DPI, height / DPI), dpi=DPI)
+    rows = [fig] if len(systems) == 1 else fig.subfigures(len(systems), 1)
+    for i, (row, (a, b)) in enumerate(zip(rows, systems)):
+        _draw_system(row, score, grid, a, b, pitched, drums, width, height / len(systems), title if i == 0 else None)
+    buf = io.BytesIO()
+    fig.savefig(buf, format=fmt[1:], dpi=DPI)
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def _draw_system(fig, score: symusic.Score, grid: Bars, first: int, last: int, pitched: list, drums: list,
+                 width: float, height: float, title: str | None) -> None:
+    """Bars `first` to `last` on a figure (or a row of one): notes above, drums below."""
+    import pretty_midi
+
+    x0, x1 = grid.starts[first - 1], grid.starts[last]
 
     def notes_of(track):
         a = track.notes.numpy()
@@ -164,9 +188,6 @@ def render(score: symusic.Score, fmt: str = ".png", bars: tuple[int, int] | None
         keep = (end > x0) & (start < x1)
         return start[keep], np.maximum(end[keep], start[keep] + 1), a["pitch"][keep], a["velocity"][keep]
 
-    bar_px = 64  # pixels per bar when the size is not given
-    width, height = size or (int(np.clip(220 + bar_px * (last - first + 1), 900, 8000)), 620 if not drums else 760)
-    fig = plt.figure(figsize=(width / DPI, height / DPI), dpi=DPI)
     ratios = [3, 1] if pitched and drums else [1]
     axes = fig.subplots(len(ratios), 1, sharex=True, gridspec_kw={"height_ratios": ratios, "hspace": 0.05},
                         squeeze=False)[:, 0]
@@ -212,10 +233,6 @@ def render(score: symusic.Score, fmt: str = ".png", bars: tuple[int, int] | None
     if title:
         fig.suptitle(title, fontsize=10)
     fig.subplots_adjust(left=left / width, right=1 - 20 / width, bottom=45 / height, top=1 - (74 if title else 54) / height)
-    buf = io.BytesIO()
-    fig.savefig(buf, format=fmt[1:], dpi=DPI)
-    plt.close(fig)
-    return buf.getvalue()
 
 
 def require_matplotlib():

@@ -155,3 +155,19 @@ def test_every_groove_drum_has_a_name_and_room_for_it():
     ink = (img[:, :, :3].mean(-1) < 0.5).any(0)
     # the labels start right of the image's left edge (a cut label would touch it)
     assert not ink[:3].any() and ink[3:60].any()
+
+
+def test_a_long_piece_is_drawn_in_rows_of_bars(run_cli, midi_factory, tmp_path):
+    """60 bars: rows of 16 bars, a page as wide as one row, not a strip 4,000 px wide; an asked
+    --size or --bars range of up to 32 bars stays one row."""
+    notes = [(0, False, 60 + k % 7, k * 480, k * 480 + 400, 80) for k in range(240)]
+    src = midi_factory("long.mid", notes)
+    code, _, err = run_cli("show", src, "-o", tmp_path / "long.png")
+    assert code == 0, err
+    h, w = imread(tmp_path / "long.png").shape[:2]
+    assert w < 1400 and h > 3 * 400  # four rows
+    code, _, err = run_cli("show", src, "--bars", "1:24", "-o", tmp_path / "short.png")
+    h, w = imread(tmp_path / "short.png").shape[:2]
+    assert code == 0 and w > h
+    code, _, err = run_cli("show", src, "--size", "2000x500", "-o", tmp_path / "sized.png")
+    assert code == 0 and imread(tmp_path / "sized.png").shape[:2] == (500, 2000)
