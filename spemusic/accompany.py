@@ -19,6 +19,7 @@ import symusic
 from .errors import MidiError, OptionError
 from .files import check_input_file
 from .grammar import BAR, NOTE_END, POSITION, TIMESIG, GrammarState
+from .prompts import annotated_meters
 from .tokenizer import CHORD, PROGRAM, TEMPO, REMITokenizer, part_of_track, read_midi
 
 
@@ -229,9 +230,8 @@ def with_accompaniment(melody: Melody, ids: np.ndarray, tokenizer: REMITokenizer
     if melody.beat_map is not None:  # the annotated bars, not the file's own meter (POP909's say 1/4)
         while len(out.time_signatures):
             out.time_signatures.pop()
-        for ts in decoded.time_signatures:
-            out.time_signatures.append(symusic.TimeSignature(int(conv(np.array([ts.time]))[0]), ts.numerator,
-                                                             ts.denominator))
+        for ts in annotated_meters(ids, tokenizer, melody.beat_map):
+            out.time_signatures.append(symusic.TimeSignature(ts.time, ts.numerator, ts.denominator))
     return out
 
 

@@ -123,7 +123,6 @@ def _set_threads(threads: int | None, default: int | None = None) -> None:
         torch.set_num_threads(default)
 
 
-# the chord-tone bias of --chords (sampling.chord_tones): the models alone follow chord tokens weakly
 AS_FOLDER = " (./NAME: a folder named like a shipped model)"  # a bare shipped name is the shipped model
 def _sampling_default(key: str) -> str:
     """'[default: …]' of a sampling option, from SAMPLING_DEFAULTS and MODEL_SAMPLING (spemusic.options)."""

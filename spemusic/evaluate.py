@@ -47,8 +47,7 @@ class NLLReport:
     def to_dict(self) -> dict:
         return {"model": self.model, "mean_nll": self.mean_nll, "nats_per_note": self.nats_per_note,
                 "nats_per_bar": self.nats_per_bar, "notes": self.notes, "bars": self.bars,
-                "parts": {n: {**p, "nats_per_note": v} for (n, p), v in zip(self.parts.items(),
-                                                                               self.part_nats_per_note().values())},
+                "parts": {n: {**p, "nats_per_note": self.part_nats_per_note()[n]} for n, p in self.parts.items()},
                 "trained_len": self.trained_len, "pieces": self.pieces, "buckets": self.buckets}
 
     def mean_between(self, start: int, end: int) -> float:
@@ -149,7 +148,6 @@ def part_nll(tokenizer: REMITokenizer, pieces: list[tuple[np.ndarray, np.ndarray
     """{part: {"notes", "nll"}} over (target ids, their NLL) pairs: each note token counts for the
     part its Program names, every other token for "shared"."""
     kinds = tokenizer.kinds
-    lo, _ = tokenizer.range("Program")
     out: dict = {}
     for ids, nll in pieces:
         ids = np.asarray(ids, dtype=np.int64)

@@ -448,14 +448,15 @@ class Performer(nn.Module):
         """Whether the model reads features off its own stream (spemusic.recall), carried in State.recall."""
         return self.pitch_memory is not None or self.bar_echo is not None
 
-    def embed(self, ids: torch.Tensor, start: int, carry: dict | None = None):
-        """Token ids (B, T) at positions start.. -> (B, T, d) (absolute PE added, if any). A model
-        that `recalls` -> (x, its carry after these tokens); `carry` is the one before them."""
+    def embed(self, ids: torch.Tensor, start: int, carry: dict | None = None) -> tuple[torch.Tensor, dict | None]:
+        """Token ids (B, T) at positions start.. -> ((B, T, d) with the absolute PE, if any, and
+        the stream features; what those carry after these tokens, None for a model without them).
+        `carry`: what they carried before these tokens (State.recall)."""
         x = self.tok(ids)
         if self.abs_pe is not None:
             x = x + self.abs_pe(start, ids.shape[1], ids.device).to(x.dtype)
         if not self.recalls:
-            return self.drop(x)
+            return self.drop(x), None
         carry, after = carry or {}, {}
         if self.pitch_memory is not None:
             rows, after["pitch"] = memory_rows(ids, carry.get("pitch"), self.memory_programs, self.cfg.pitch_range)
@@ -513,8 +514,7 @@ class Performer(nn.Module):
             self.abs_pe.check(start, T)
         codes = self._codes()
         ctxs = self._contexts(codes, start, T)
-        x = self.embed(ids, start, state.recall if state is not None else None)
-        x, recall = x if self.recalls else (x, None)
+        x, recall = self.embed(ids, start, state.recall if state is not None else None)
         states, histories = [], []
         recompute = self.checkpoint_activations and self.training and torch.is_grad_enabled()
         for i, (blk, ctx) in enumerate(zip(self.blocks, ctxs)):
@@ -590,9 +590,7 @@ class Performer(nn.Module):
             if plan.code_buf is not None:  # the SPE codes at t, for every layer's filter
                 for i, qk in enumerate(self.spe.codes_at(plan.codes, state.pe, t)):
                     plan.code_buf[i, :, :, 0].copy_(qk)
-            x = self.embed(next_ids[:, None], t, state.recall)
-            if self.recalls:
-                x, state.recall = x
+            x, state.recall = self.embed(next_ids[:, None], t, state.recall)
             x = x[:, 0].float()
             for i, (blk, lp, S) in enumerate(zip(self.blocks, plan.layers, state.layers)):
                 x, history = blk.step(x, lp, plan, S, state.histories[i] if lp.shift is not None else None)

@@ -137,7 +137,8 @@ class TrainConfig:
 # notes (a nucleus stacked notes at an onset and left holes), and a nucleus at the bar line, where
 # a meter change sampled from the tail would hold for many bars. Then each shipped model's own, by
 # the name it was released under (its checkpoint's info["name"]); docs/sampling.md says why.
-CHORD_STRENGTH = 2.0  # nats added to the asked chords' tones (--chord-strength)
+# the chord-tone bias of --chords (sampling.chord_tones), in nats: the models alone follow chord tokens weakly
+CHORD_STRENGTH = 2.0
 SAMPLING_DEFAULTS = dict(top_p=1.0, bar_top_p=0.8, onset_top_p=1.0, repeat=0.0, hole_penalty=0.0, stacking=1.0)
 MODEL_SAMPLING = {
     # groove's continuations keep closer to their prompt's style with the unlikely hits cut: one

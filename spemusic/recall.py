@@ -27,23 +27,22 @@ ECHO_CONTEXT = 1024
 ECHO_PLACES = 128
 
 
-def pitch_memory(ids: torch.Tensor, carry: tuple | None, programs: torch.Tensor, pitch_range) -> tuple:
+def pitch_memory(ids: torch.Tensor, carry: torch.Tensor | None, programs: torch.Tensor, pitch_range) -> tuple:
     """Rows (B, T, S) of the pitch memory's table for ids (B, T): 129 * s + 1 + the last pitch
-    written after Program `programs[s]`, or 129 * s for none yet; and the carry after `ids`: (the
-    last token (B,), the last pitch + 1 of each slot (B, S))."""
+    written after Program `programs[s]`, or 129 * s for none yet; and the carry after `ids`
+    (B, 1 + S): the last token, then the last pitch + 1 of each slot."""
     B, T = ids.shape
     S = len(programs)
     if carry is None:
-        carry = (ids.new_full((B,), -1), ids.new_zeros(B, S))
-    last_token, last_pitch = carry
+        carry = torch.cat([ids.new_full((B, 1), -1), ids.new_zeros(B, S)], 1)
     lo, hi = pitch_range
-    before = torch.cat([last_token[:, None], ids[:, :-1]], 1)
+    before = torch.cat([carry[:, :1], ids[:, :-1]], 1)
     hits = ((ids >= lo) & (ids < hi))[..., None] & (before[..., None] == programs)  # (B, T, S)
     where = torch.arange(T, device=ids.device)[None, :, None].expand(B, T, S)
     latest = torch.where(hits, where, -1).cummax(1).values  # index of each slot's latest pitch so far
     pitch = (ids - lo + 1)[..., None].expand(B, T, S).gather(1, latest.clamp(min=0))
-    held = torch.where(latest >= 0, pitch, last_pitch[:, None, :])
-    return held + 129 * torch.arange(S, device=ids.device), (ids[:, -1].clone(), held[:, -1].clone())
+    held = torch.where(latest >= 0, pitch, carry[:, None, 1:])
+    return held + 129 * torch.arange(S, device=ids.device), torch.cat([ids[:, -1:], held[:, -1]], 1)
 
 
 def bar_echo(ids: torch.Tensor, tail: torch.Tensor | None, bar_id: int, position_range, none_id: int) -> tuple:

@@ -71,7 +71,7 @@ class State:
     pe: list = field(default_factory=list)
     plan: StepPlan = field(default=None, repr=False)  # set by Performer.prime / init_state
     histories: list = field(default_factory=list)  # per layer, its last K inputs (B, K, d) newest first (short_conv)
-    recall: dict | None = None  # what spemusic.recall carries from token to token ("pitch", "echo"), or None
+    recall: dict | None = None  # what spemusic.recall carries from token to token ("pitch", "echo": tensors), or None
 
     def clone(self) -> State:
         return State(
@@ -81,8 +81,7 @@ class State:
             pe=[p.clone() for p in self.pe],
             plan=self.plan,
             histories=[h.clone() for h in self.histories],
-            recall=None if self.recall is None else {k: tuple(t.clone() for t in v) if isinstance(v, tuple)
-                                                     else v.clone() for k, v in self.recall.items()},
+            recall=None if self.recall is None else {k: v.clone() for k, v in self.recall.items()},
         )
 
     def nbytes(self) -> int:
@@ -90,6 +89,7 @@ class State:
         for layer in self.layers:
             n += layer.nbytes() if isinstance(layer, KVCache) else layer.numel() * layer.element_size()
         n += sum(p.nbytes() for p in self.pe)
+        n += sum(v.numel() * v.element_size() for v in (self.recall or {}).values())
         return n + sum(h.numel() * h.element_size() for h in self.histories)
 
 

@@ -53,16 +53,6 @@ def with_vocabulary(model: Performer, old: REMITokenizer, new: REMITokenizer, li
     return wider
 
 
-def with_recall(model: Performer, cfg: ModelConfig) -> Performer:
-    """The same model with the stream features of `cfg` it lacks (spemusic.recall: pitch memory,
-    bar echo), their embeddings at zero: it computes the same function until training moves them."""
-    with torch.random.fork_rng(devices=[]):  # the run draws the same SPE codes as without it
-        new = Performer(cfg).to(model.device)
-    missing, unexpected = new.load_state_dict(model.state_dict(), strict=False)
-    assert not unexpected and set(missing) <= {"pitch_memory.weight", "bar_echo.weight"}, (missing, unexpected)
-    return new
-
-
 def bar_echo_config(tokenizer: REMITokenizer) -> dict:
     """The model config field of a bar echo over the tokenizer's bars and positions."""
     return {"bar_echo": [tokenizer.bar_id, *tokenizer.range("Position")]}
@@ -79,24 +69,30 @@ def pitch_memory_config(tokenizer: REMITokenizer) -> dict:
 # the rows a fine-tune that adds the parts starts them from: the piano program POP909 was written in
 PART_ROWS_LIKE = {"Program_melody": "Program_0", "Program_bridge": "Program_0", "Program_piano": "Program_0"}
 
-def with_short_conv(model: Performer, k: int) -> Performer:
-    """The same model with a short convolution of `k` tokens: added at zero, or widened from a
-    shorter one with its farther taps at zero. It computes the same function until training moves
-    the new weights."""
-    k0 = model.cfg.short_conv
+def widened(model: Performer, cfg: ModelConfig) -> Performer:
+    """The same model under `cfg`, which may widen its short convolution (the farther taps at
+    zero) and add the stream features it lacks (spemusic.recall; their tables at zero): it
+    computes the same function until training moves the new weights."""
+    k0, k = model.cfg.short_conv, cfg.short_conv
     if k < k0:
         raise OptionError("the model has a short convolution of {k0} tokens; {short_conv} {k} cannot shorten it "
                           "(it can only widen it)", k0=k0, k=k)
     with torch.random.fork_rng(devices=[]):  # the run draws the same SPE codes as without it
-        new = Performer(replace(model.cfg, short_conv=k)).to(model.device)
+        new = Performer(cfg).to(model.device)
     state = {n: v for n, v in model.state_dict().items() if not n.endswith(".shift")}
     missing, unexpected = new.load_state_dict(state, strict=False)
-    assert not unexpected and all(n.endswith(".shift") for n in missing), (missing, unexpected)
+    assert not unexpected and all(n.endswith(".shift") or n in RECALL_PARAMETERS for n in missing), (missing, unexpected)
     with torch.no_grad():
         for old_block, new_block in zip(model.blocks, new.blocks):
             if old_block.shift is not None:  # tap j-1 weighs the token j back: the near taps carry over
                 new_block.shift[:k0] = old_block.shift
     return new
+
+
+def with_short_conv(model: Performer, k: int) -> Performer:
+    """The same model with a short convolution of `k` tokens: added at zero, or widened from a
+    shorter one with its farther taps at zero (`widened`)."""
+    return widened(model, replace(model.cfg, short_conv=k))
 
 
 def lr_lambda(warmup: int, total: int, floor: float = 0.1):
@@ -138,8 +134,8 @@ def build_optimizer(model: Performer, lr: float, weight_decay: float, device: to
     tensors) on CPUs as on GPUs: on a CPU the default foreach form took several times longer per
     optimizer step."""
     recall = [p for n, p in model.named_parameters() if n in RECALL_PARAMETERS]
-    decay, no_decay = (
-        [p for p in group if all(p is not q for q in recall)] for group in decay_groups(model))
+    own = {id(p) for p in recall}
+    decay, no_decay = ([p for p in group if id(p) not in own] for group in decay_groups(model))
     groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     if recall:
         groups.append({"params": recall, "weight_decay": 0.0, "lr": lr * recall_lr_scale})
@@ -426,9 +422,9 @@ def model_config(run: Run, base_model: Performer | None, tokenizer: REMITokenize
     cfg = run.cfg
     if run.resumed:
         return ModelConfig.from_dict(run.record["model"])
-    recall = {**(pitch_memory_config(tokenizer) if cfg.pitch_memory else {}),
-              **(bar_echo_config(tokenizer) if cfg.bar_echo else {})}
     if base_model is None:
+        recall = {**(pitch_memory_config(tokenizer) if cfg.pitch_memory else {}),
+                  **(bar_echo_config(tokenizer) if cfg.bar_echo else {})}
         extra = {"short_conv": cfg.short_conv} if cfg.short_conv >= 0 else {}
         return ModelConfig.preset(cfg.preset, vocab_size=len(tokenizer), **recall, pe=cfg.pe, gated=cfg.gated,
                                   attention=cfg.attention, max_len=cfg.max_len or max(cfg.seq_len, 2048), **extra)
@@ -438,11 +434,10 @@ def model_config(run: Run, base_model: Performer | None, tokenizer: REMITokenize
             raise OptionError("{model} has a short convolution of {k0} tokens; {short_conv} {k} cannot shorten it "
                               "(it can only widen it)", model=cfg.init_from, k0=model_cfg.short_conv, k=cfg.short_conv)
         model_cfg = replace(model_cfg, short_conv=cfg.short_conv)
-    if model_cfg.pitch_memory:  # a model that has them keeps its own
-        recall = {k: v for k, v in recall.items() if k not in ("pitch_memory", "pitch_range")}
-    if model_cfg.bar_echo:
-        recall.pop("bar_echo", None)
-    model_cfg = replace(model_cfg, **recall)
+    if cfg.pitch_memory and not model_cfg.pitch_memory:  # (a model that has them keeps its own)
+        model_cfg = replace(model_cfg, **pitch_memory_config(tokenizer))
+    if cfg.bar_echo and not model_cfg.bar_echo:
+        model_cfg = replace(model_cfg, **bar_echo_config(tokenizer))
     if model_cfg.has_absolute_pe and cfg.seq_len > model_cfg.max_len:
         raise OptionError("{seq_len} {n} is past {model}'s absolute positions ({limit}); SPE models have no such "
                           "limit", n=cfg.seq_len, model=cfg.init_from, limit=model_cfg.max_len)
@@ -455,15 +450,13 @@ def model_config(run: Run, base_model: Performer | None, tokenizer: REMITokenize
 
 def build_model(run: Run, model_cfg: ModelConfig, base_model: Performer | None, device: torch.device) -> Performer:
     """The model of `model_cfg` as the run starts it: fresh (from the run's seed), the fine-tuned
-    model (widened by `with_short_conv`), or with the weights of the resumed run's `last`."""
+    model (`widened` to the short convolution and stream features of `model_cfg`), or with the
+    weights of the resumed run's `last`."""
     torch.manual_seed(run.cfg.seed)
     if base_model is not None:
         model = base_model.to(device)
-        if model_cfg.short_conv != model.cfg.short_conv:
-            model = with_short_conv(model, model_cfg.short_conv)
-        recall = ("pitch_memory", "pitch_range", "bar_echo")
-        if any(getattr(model_cfg, k) != getattr(model.cfg, k) for k in recall):
-            model = with_recall(model, replace(model.cfg, **{k: getattr(model_cfg, k) for k in recall}))
+        if model_cfg != model.cfg:
+            model = widened(model, model_cfg)
     else:
         model = Performer(model_cfg).to(device)
     if run.resumed:

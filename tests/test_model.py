@@ -628,7 +628,7 @@ def test_activation_checkpointing_gives_the_same_gradients(pe):
 def test_pitch_memory_parallel_equals_recurrent_and_starts_at_zero():
     from dataclasses import replace
 
-    from spemusic.train import with_recall
+    from spemusic.train import widened
 
     torch.manual_seed(0)
     base = Performer(ModelConfig.preset("tiny", vocab_size=160)).eval()
@@ -637,7 +637,7 @@ def test_pitch_memory_parallel_equals_recurrent_and_starts_at_zero():
     ids[:, ::7] = 10  # programs followed by pitches, often
     ids[:, 1::7] = torch.randint(20, 148, ids[:, 1::7].shape)
     ids[:, 3::11] = 11
-    m = with_recall(base, cfg).eval()
+    m = widened(base, cfg).eval()
     base.resample(1), m.resample(1)
     with torch.no_grad():
         assert torch.equal(m(ids), base(ids))  # added at zero: the same function
@@ -653,7 +653,8 @@ def test_pitch_memory_parallel_equals_recurrent_and_starts_at_zero():
     # what is remembered: the pitch right after each Program, held until the next
     from spemusic.recall import pitch_memory
 
-    rows, (last_token, last_pitch) = pitch_memory(ids, None, m.memory_programs, m.cfg.pitch_range)
+    rows, carry = pitch_memory(ids, None, m.memory_programs, m.cfg.pitch_range)
+    last_token, last_pitch = carry[:, 0], carry[:, 1:]
     for b in range(2):
         seq = ids[b].tolist()
         for s, prog in enumerate((10, 11)):
@@ -719,7 +720,7 @@ def test_bar_echo_is_the_next_token_one_bar_back_and_the_same_one_token_at_a_tim
     from dataclasses import replace
 
     from spemusic.recall import ECHO_CONTEXT, bar_echo
-    from spemusic.train import with_recall
+    from spemusic.train import widened
 
     ids = _bar_stream(2, 60, seed=4)
     assert ids.shape[1] > ECHO_CONTEXT  # the carried context runs out: bars echo only what it holds
@@ -731,7 +732,7 @@ def test_bar_echo_is_the_next_token_one_bar_back_and_the_same_one_token_at_a_tim
     # a bar that repeats the one before echoes each of its next tokens exactly
     torch.manual_seed(0)
     base = Performer(ModelConfig.preset("tiny", vocab_size=150)).eval()
-    m = with_recall(base, replace(base.cfg, bar_echo=[1, 2, 50])).eval()
+    m = widened(base, replace(base.cfg, bar_echo=[1, 2, 50])).eval()
     base.resample(2), m.resample(2)
     with torch.no_grad():
         assert torch.equal(m(ids), base(ids))
