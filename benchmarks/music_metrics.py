@@ -188,7 +188,7 @@ def accompany_check(model, tok, valid_paths, opts, seed: int) -> dict:
     how often the accompaniment alone (bridge and piano, duration-weighted) has the song's
     annotated chord as its best template match, next to the song's own PIANO track by the same
     matcher; and whether the melody came back token for token."""
-    from spemusic.accompany import HeldMelody, load_melody
+    from spemusic.accompany import hold_melody, load_melody
     from spemusic.metrics import bar_chords, chord_match, note_grid
 
     pop = DATA / "pop909"
@@ -205,7 +205,7 @@ def accompany_check(model, tok, valid_paths, opts, seed: int) -> dict:
         cut = melody.ids[: bar_at[end]] if len(bar_at) > end else melody.ids
         bars = int(np.count_nonzero(cut == tok.bar_id))
         ids = sample(model, tok, num=1, bars=bars, seed=seed + 4000 + i, options=opts, parts=("melody", "bridge", "piano"),
-                     held=HeldMelody.of(cut, tok)).ids[0]
+                     held=hold_melody(cut, tok)).ids[0]
         g_real = note_grid(song, tok)
         asked = bar_chords(g_real)[:bars]
         g = note_grid(ids, tok)

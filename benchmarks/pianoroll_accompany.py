@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from spemusic.accompany import HeldMelody, load_melody
+from spemusic.accompany import hold_melody, load_melody
 from spemusic.pianoroll import render
 from spemusic.sampling import sample
 
@@ -40,7 +40,7 @@ def main() -> None:
     first = int(np.searchsorted(bar_at, np.flatnonzero(melody.ids == tok.part_id("melody"))[0], side="right"))
     cut = melody.ids[: bar_at[min(first - 1 + args.bars, len(bar_at) - 1)]]
     ids = sample(model, tok, num=1, bars=int(np.count_nonzero(cut == tok.bar_id)), seed=args.seed, options=opts,
-                 held=HeldMelody.of(cut, tok)).ids[0]
+                 held=hold_melody(cut, tok)).ids[0]
     shown = (first, first - 1 + args.bars)
     for name, seq, title in ((f"pianoroll_pop909_{args.song}.png", song, f"POP909 song {args.song} (MIT)"),
                              (f"pianoroll_accompany_{args.song}.png", ids,

@@ -1,11 +1,13 @@
 """Accompany a melody: the user's melody held fixed, token by token, while the model writes the
 bridge and the piano part around it (`spemusic accompany`).
 
-Parts share one stream in time order (see the tokenizer's format notes), and the melody's notes
-come first at an onset. So holding the melody is a rule of the sampler, not a second model: at
-each bar line the melody's time signature is forced; wherever the model chooses its next onset,
-it may not pass the melody's next one, and when it reaches it, the melody's Tempo and notes are
-forced there (the model may open a Chord first); the model never writes a melody note of its own.
+Holding the melody is a rule of the sampler, not a second model; the model never writes a melody
+note of its own. With a melody_first tokenizer (each bar's melody, then the other parts) the
+melody's tokens of each bar are forced right after its Bar, and the model writes the rest of the
+bar having seen all of them (`MelodyBlocks`). With parts in one stream in time order, at each bar
+line the melody's time signature is forced; wherever the model chooses its next onset, it may not
+pass the melody's next one, and when it reaches it, the melody's Tempo and notes are forced there
+(the model may open a Chord first) (`HeldMelody`).
 """
 
 from __future__ import annotations
@@ -128,6 +130,81 @@ class HeldMelody:
 
 
 @dataclass
+class MelodyBlocks:
+    """A melody held bar by bar in a melody_first stream: after each Bar, the melody's own bar
+    header (TimeSig, Tempo) and onsets are forced; the model then writes the other parts."""
+
+    bars: list[list[int]]                    # per bar, the tokens after its Bar (melody notes and header only)
+    tokenizer: REMITokenizer
+    melody_id: int
+    due: dict[int, list[int]] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, ids: np.ndarray, tokenizer: REMITokenizer) -> MelodyBlocks:
+        kinds, melody = tokenizer.kinds, tokenizer.part_id("melody")
+        bars: list[list[int]] = []
+        onset: list[int] = []
+        program = -1
+
+        def close_onset() -> None:
+            if any(t == melody for t in onset):
+                bars[-1].extend(onset)
+            onset.clear()
+
+        for t in np.asarray(ids).tolist():
+            k = int(kinds[t])
+            if t == tokenizer.bar_id:
+                if bars:
+                    close_onset()
+                bars.append([])
+            elif not bars or t in (tokenizer.bos_id, tokenizer.eos_id, tokenizer.pad_id):
+                continue
+            elif k in (TIMESIG, TEMPO) and not onset:
+                bars[-1].append(t)
+            elif k == POSITION:
+                close_onset()
+                onset.append(t)
+            elif k == PROGRAM:
+                program = t
+                if t == melody:
+                    onset.append(t)
+            elif k != CHORD and program == melody and onset:
+                onset.append(t)
+        if bars:
+            close_onset()
+        return cls(bars, tokenizer, melody)
+
+    def restrict(self, piece: int, st: GrammarState, mask: np.ndarray) -> int | None:
+        """Narrow `mask` to what keeps the melody as written; the token the piece must take next
+        while the melody's tokens of the bar are being forced (the sampler takes it whatever its odds)."""
+        due = self.due.get(piece)
+        if due:
+            mask[:] = False
+            mask[due[0]] = True
+            return due[0]
+        tok = self.tokenizer
+        mask[self.melody_id] = False
+        mask[tok.range("TimeSig")[0]:tok.range("TimeSig")[1]] = False  # the melody's meter and tempo map
+        mask[tok.range("Tempo")[0]:tok.range("Tempo")[1]] = False
+        if not mask.any():  # (never: a bar line or an accompaniment onset is always allowed)
+            raise RuntimeError("accompany: no token keeps the melody")
+        return None
+
+    def advance(self, piece: int, st: GrammarState, token: int) -> None:
+        """After `token` was taken: at a Bar, the melody's tokens of that bar are due."""
+        due = self.due.get(piece)
+        if due and token == due[0]:
+            due.pop(0)
+        elif token == self.tokenizer.bar_id and 1 <= st.bars <= len(self.bars):
+            self.due[piece] = list(self.bars[st.bars - 1])
+
+
+def hold_melody(ids: np.ndarray, tokenizer: REMITokenizer) -> HeldMelody | MelodyBlocks:
+    """The sampler's rule that holds a melody (its tokens as the melody part), for this tokenizer's order."""
+    return (MelodyBlocks if tokenizer.config.melody_first else HeldMelody).of(ids, tokenizer)
+
+
+@dataclass
 class Melody:
     """The melody `accompany` holds: the user's file with that track alone, and its tokens."""
 
@@ -235,4 +312,4 @@ def with_accompaniment(melody: Melody, ids: np.ndarray, tokenizer: REMITokenizer
     return out
 
 
-__all__ = ["HeldMelody", "Melody", "load_melody", "melody_track", "with_accompaniment"]
+__all__ = ["HeldMelody", "Melody", "MelodyBlocks", "hold_melody", "load_melody", "melody_track", "with_accompaniment"]

@@ -434,6 +434,8 @@ def data_prepare(
                                           "Harte notation), written as Chord tokens."),
     parts: bool = typer.Option(False, "--parts/--no-parts", help="Keep the melody, bridge and piano parts apart "
                                "(tracks named MELODY, BRIDGE, PIANO, as in POP909)."),
+    melody_first: bool = typer.Option(False, "--melody-first/--no-melody-first", help="With --parts: each bar's "
+                                      "melody before the other parts."),
 ):
     """Tokenize a MIDI collection into a compact cache with train/valid/test splits.
 
@@ -450,7 +452,8 @@ def data_prepare(
     with _progress(TextColumn("[bold]tokenizing"), BarColumn(), MofNCompleteColumn(), TextColumn("files"),
                    TimeElapsedColumn(), TimeRemainingColumn()) as progress:
         t0 = time.perf_counter()
-        cache, reused = prepare(midi_dir, output, TokenizerConfig(chords=chords is not None, parts=parts),
+        cache, reused = prepare(midi_dir, output, TokenizerConfig(chords=chords is not None, parts=parts,
+                                                              melody_first=melody_first),
                                 split_csv=split_csv, workers=workers or None, progress=progress,
                                 beats_dir=beats, chords_dir=chords)
         wall = time.perf_counter() - t0
@@ -541,6 +544,8 @@ TRAIN_OPTIONS = {
                "its vocabulary)."), None),
     "parts": ("Data", ("Keep the melody, bridge and piano parts apart (tracks named MELODY, BRIDGE, PIANO, as in "
               "POP909); an --init-from model without them gets them in its vocabulary.")),
+    "melody_first": ("Data", ("With --parts, write each bar's melody before the other parts, so the accompaniment "
+                     "and its chords see the whole bar's melody (an --init-from model may switch to it).")),
     "batch_size": ("Optimisation", "Sequences per micro-batch, all processes together."),
     "grad_accum": ("Optimisation", "Micro-batches per optimizer step."),
     "steps": ("Optimisation", "Optimizer steps.", None),
@@ -610,6 +615,7 @@ def train(
     beats: Path | None = _train_option("beats", "--beats"),
     chords: Path | None = _train_option("chords", "--chords"),
     parts: bool | None = _train_option("parts", "--parts/--no-parts"),
+    melody_first: bool | None = _train_option("melody_first", "--melody-first/--no-melody-first"),
     output: Path | None = typer.Option(None, "-o", "--output", rich_help_panel="Run",
                                           help="Run folder: checkpoints, metrics.jsonl."),
     config: Path | None = typer.Option(None, "--config", rich_help_panel="Run",

@@ -17,6 +17,9 @@ because the grammar is exactly what the tokenizer writes, re-tokenizes to itself
   real music has fewer (POP909 at most 14 at one onset, Groove 9), and without the cap a model
   that has lost count of its notes stacks them, doubling the top pitch once it can climb no higher.
 
+With a melody_first tokenizer a bar is ``Bar [TimeSig] [Tempo]``, the melody's onsets, then the
+other parts' onsets (Position starts again; the Chords are there): see the tokenizer's notes.
+
 The real-data tests walk this grammar over every file of POP909 and Groove.
 
 `strict_order=False` relaxes only the order of the notes inside one Position (any program and
@@ -56,6 +59,9 @@ class GrammarState:
     notes: int = 0                # notes in the piece so far
     sounding: int | None = None   # grid steps from this bar's start to where its last-ending note ends
                                   # (past the bar, or before it when a rest began earlier); None: no note yet
+    sweep: int = 0                # melody_first: 0 while the bar's onsets may still be the melody's, 1 once
+                                  # the other parts' began (a Position at or before the last, a Chord, a Program);
+                                  # other grammars have one sweep, 1, from the first Bar on
     eos: bool = False
 
 
@@ -84,6 +90,8 @@ class REMIGrammar:
             self.timesig_ok[i] = steps <= self.pos_hi - self.pos_lo
         self.kind_of = tokenizer.kinds
         self.duration_steps = tokenizer.duration_steps
+        self.melody_first = tokenizer.config.melody_first
+        self.melody = tokenizer.part_id("melody") if tokenizer.config.parts else -1
 
     def allowed(self, st: GrammarState, allow_eos: bool = True, allow_bar: bool = True) -> np.ndarray:
         m = np.zeros(self.V, dtype=bool)
@@ -92,6 +100,8 @@ class REMIGrammar:
             m[tok.pad_id] = True
             return m
         last = st.last
+        if self.melody_first and last not in (START, BOS):
+            return self._allowed_melody_first(st, allow_eos, allow_bar)
         if last == START:
             m[tok.bos_id] = True
         elif last == BOS:
@@ -125,7 +135,65 @@ class REMIGrammar:
             if st.chord_here:  # a chord change without a note: the next onset or bar may follow
                 m[self.pos_lo + st.pos + 1: self.pos_lo + st.bar_len] = True
                 m[tok.bar_id] = allow_bar
-        elif last == PROGRAM and not self.strict_order:
+        else:
+            self._allowed_note(st, m)
+        return m
+
+    def _allowed_melody_first(self, st: GrammarState, allow_eos: bool, allow_bar: bool) -> np.ndarray:
+        """The grammar of melody_first pieces: ``Bar [TimeSig] [Tempo]``, then the bar's melody
+        onsets, then the other parts' onsets (Position restarts; the Chords are there)."""
+        m = np.zeros(self.V, dtype=bool)
+        tok = self.tok
+        last = st.last
+        melody_onset = st.sweep == 0
+        if last == BAR and st.bars == 1:
+            m |= self.timesig_ok
+            return m
+        if last in (BAR, TIMESIG, TEMPO, NOTE_END):
+            if last == BAR:
+                m |= self.timesig_ok
+                if st.timesig >= 0:
+                    m[st.timesig] = False
+            if last in (BAR, TIMESIG):
+                m[self.tempo_lo:self.tempo_hi] = True
+                if st.tempo >= 0:
+                    m[st.tempo] = False
+                if st.tempo < 0:  # the first bar states its tempo
+                    m[:] = False
+                    m[self.tempo_lo:self.tempo_hi] = True
+                    return m
+            after_melody = last == NOTE_END and melody_onset
+            # in the melody's sweep any Position may come next (one at or before the last opens the
+            # other parts' sweep); in theirs, only later ones
+            m[self.pos_lo + (0 if after_melody else st.pos + 1): self.pos_lo + st.bar_len] = True
+            m[tok.bar_id] = allow_bar
+            m[tok.eos_id] = allow_eos and last == NOTE_END
+            if last == NOTE_END and st.notes_here < self.max_notes_per_onset:
+                if melody_onset:
+                    m[self.melody] = True
+                else:
+                    m[st.last_note[0] if self.strict_order else self.prog_lo:self.prog_hi] = True
+                    m[self.melody] = False
+        elif last == POSITION:
+            m[self.chord_lo:self.chord_hi] = True
+            if st.chord >= 0:
+                m[st.chord] = False
+            m[self.prog_lo:self.prog_hi] = True
+            if not melody_onset:
+                m[self.melody] = False
+        elif last == CHORD:
+            m[self.prog_lo:self.prog_hi] = True
+            m[self.melody] = False
+            m[self.pos_lo + st.pos + 1: self.pos_lo + st.bar_len] = True  # a chord change without a note
+            m[tok.bar_id] = allow_bar
+        else:
+            return self._allowed_note(st, m)
+        return m
+
+    def _allowed_note(self, st: GrammarState, m: np.ndarray) -> np.ndarray:
+        """Inside a note (after its Program, Pitch or Velocity): the same in both grammars."""
+        last = st.last
+        if last == PROGRAM and not self.strict_order:
             m[self.pitch_lo:self.pitch_hi] = True
             for prog, pitch in st.used:
                 if prog == st.note[0]:
@@ -161,6 +229,7 @@ class REMIGrammar:
         elif kind == BAR:
             st.bars += 1
             st.pos = -1
+            st.sweep = 0 if self.melody_first else 1
             if st.sounding is not None:
                 st.sounding -= st.bar_len  # the bar that ends here
             st.bar_len = self.bar_steps.get(st.timesig, self.default_bar)
@@ -170,6 +239,8 @@ class REMIGrammar:
             st.bar_len = self.bar_steps[token]
             st.last = TIMESIG
         elif kind == POSITION:
+            if self.melody_first and token - self.pos_lo <= st.pos:
+                st.sweep = 1
             st.pos = token - self.pos_lo
             st.last_note = (-1, -1, -1, -1)
             st.used = set()
@@ -177,6 +248,7 @@ class REMIGrammar:
             st.chord_here = False
             st.last = POSITION
         elif kind == CHORD:
+            st.sweep = 1
             st.chord = token
             st.chord_here = True
             st.last = CHORD
@@ -184,6 +256,8 @@ class REMIGrammar:
             st.tempo = token
             st.last = TEMPO
         elif kind == PROGRAM:
+            if self.melody_first and token != self.melody:
+                st.sweep = 1
             st.note = [token, -1, -1]
             st.last = PROGRAM
         elif kind == PITCH:
@@ -203,7 +277,8 @@ class REMIGrammar:
         elif kind == DURATION:
             st.last_note = (*st.note, token)
             end = st.pos + int(self.duration_steps[token - self.dur_lo])
-            st.sounding = end if st.sounding is None else max(st.sounding, end)
+            if not (self.melody_first and st.note[0] == self.melody):  # (melody_first: the other parts' sweep alone)
+                st.sounding = end if st.sounding is None else max(st.sounding, end)
             st.last = NOTE_END
         elif kind == EOS:
             st.eos = True

@@ -69,6 +69,7 @@ class TrainConfig:
     beats: str = ""              # folder of beat annotations for a MIDI folder DATA (bars from their downbeats)
     chords: str = ""             # folder of chord annotations (Chord tokens; a new model gets a chord vocabulary)
     parts: bool = False          # melody, bridge and piano parts by track name (a fine-tune without them gets them)
+    melody_first: bool = False   # with parts: each bar's melody before the other parts (a fine-tune may switch to it)
     short_conv: int = -1         # tokens each block's short convolution reaches back (-1: the preset's, or the
                                  # fine-tuned model's; a fine-tuned model without one gets it, starting at zero)
     pitch_memory: bool = False   # every token sees the last pitch of each part (needs parts; added at zero to

@@ -85,13 +85,13 @@ def accompany(model: Performer, tokenizer: REMITokenizer, melody, *, num: int = 
     user's melody track exactly as it was, and the new parts on the melody file's timeline."""
     import io
 
-    from .accompany import HeldMelody, with_accompaniment
+    from .accompany import hold_melody, with_accompaniment
 
     if "melody" in parts:
         raise ValueError("accompany writes the parts under the melody, not the melody")
     result = sample(model, tokenizer, num=num, bars=melody.bars, seed=seed, options=_model_options(model, options),
                     weights_dtype=weights_dtype, chords=chords, chord_strength=chord_strength,
-                    parts=("melody", *parts), held=HeldMelody.of(melody.ids, tokenizer), on_token=on_token,
+                    parts=("melody", *parts), held=hold_melody(melody.ids, tokenizer), on_token=on_token,
                     should_stop=should_stop)
     midis = [miditoolkit.MidiFile(file=io.BytesIO(with_accompaniment(melody, ids, tokenizer, overlaps).dumps_midi()))
              for ids in result.ids]

@@ -19,7 +19,7 @@ from .errors import MidiError, OptionError
 from .grammar import BAR, CHORD, NOTE_END, POSITION, PROGRAM, TIMESIG, GrammarState, REMIGrammar
 from .model import Performer
 from .options import model_sampling
-from .tokenizer import REMITokenizer
+from .tokenizer import TEMPO, REMITokenizer
 
 
 @dataclass
@@ -159,7 +159,7 @@ def next_token_mask(grammar: REMIGrammar, st: GrammarState, trained: np.ndarray 
     piece from scratch (POP909's songs often open on rests, and the models learned it: pop-piano,
     --bars 8, 12 seeds, 1.25 empty bars before the first note on average; a first bar holding only
     a chord once led 22 empty bars), nor an empty bar to end a --bars piece (`closing`)."""
-    empty_bar = st.last in (BAR, TIMESIG)
+    empty_bar = st.pos < 0 and st.last in (BAR, TIMESIG, TEMPO)
     opening = from_scratch and st.bars == 1 and st.notes == 0
     return within_training(grammar.allowed(st, allow_eos=False, allow_bar=not (opening or (closing and empty_bar))),
                            trained)
@@ -234,8 +234,12 @@ def chord_tones(tokenizer: REMITokenizer, names: list[str]) -> torch.Tensor:
 
 def force_chord(mask: np.ndarray, st: GrammarState, chord: int, grammar: REMIGrammar) -> None:
     """Restrict a grammar mask so that the bar opens on Position_0 + `chord` and changes chord
-    nowhere else (a chord already in force is not repeated: the grammar forbids it)."""
+    nowhere else (a chord already in force is not repeated: the grammar forbids it). With
+    melody_first, the Position_0 that opens the bar's other parts (after its melody)."""
     chords = slice(grammar.chord_lo, grammar.chord_hi)
+    if grammar.melody_first:
+        _force_chord_after_melody(mask, st, chord, grammar)
+        return
     if st.last in (BAR, TIMESIG):  # the bar's first onset is Position_0, and no bar stays empty
         mask[grammar.pos_lo + 1: grammar.pos_hi] = False
         mask[grammar.tok.bar_id] = False
@@ -243,6 +247,26 @@ def force_chord(mask: np.ndarray, st: GrammarState, chord: int, grammar: REMIGra
         mask[:] = False
         mask[chord] = True
         return
+    mask[chords] = False
+
+
+def _force_chord_after_melody(mask: np.ndarray, st: GrammarState, chord: int, grammar: REMIGrammar) -> None:
+    chords = slice(grammar.chord_lo, grammar.chord_hi)
+    tok = grammar.tok
+    melody_sweep = st.sweep == 0
+    if melody_sweep and st.last in (BAR, TIMESIG, TEMPO, NOTE_END):
+        mask[tok.bar_id] = mask[tok.eos_id] = False  # the bar's other parts, on its chord, are still to come
+        if st.last == NOTE_END:  # the other parts' sweep opens on Position_0, not later
+            mask[grammar.pos_lo + 1: grammar.pos_lo + st.pos + 1] = False
+    elif st.last == POSITION and st.pos == 0:
+        if chord != st.chord:  # the chord, or (still in the melody's sweep) a melody note first
+            mask[:] = False
+            mask[chord] = True
+            mask[grammar.melody] = melody_sweep
+            return
+    elif st.last == POSITION and melody_sweep:  # an onset after 0 in the melody's sweep: the melody's
+        mask[grammar.prog_lo:grammar.prog_hi] = False
+        mask[grammar.melody] = True
     mask[chords] = False
 
 
@@ -338,7 +362,8 @@ def discourage_holes(logits: torch.Tensor, states: list[GrammarState], penalty: 
     would leave beyond `HOLE_TOLERANCE`, silence counted from where the last note to end ends
     (`GrammarState.sounding`). The onsets' total probability is kept: whether another note comes
     at this onset stays the model's choice; only where the next one falls is moved closer."""
-    rows = [b for b, st in enumerate(states) if st.sounding is not None and st.last in (NOTE_END, CHORD, BAR, TIMESIG)]
+    rows = [b for b, st in enumerate(states)  # (melody_first: in the bar's other parts alone, after its melody)
+            if st.sounding is not None and st.sweep == 1 and st.last in (NOTE_END, CHORD, BAR, TIMESIG)]
     if penalty <= 0 or not rows:
         return logits
     at = torch.arange(len(onsets), dtype=torch.float32).repeat(len(rows), 1)
@@ -450,7 +475,7 @@ class _Pieces:
     def __init__(self, num: int, prompt: np.ndarray, grammar: REMIGrammar, steer: _Steering, bars: int | None,
                  max_new: int, held=None):
         self.grammar, self.steer, self.bars, self.max_new = grammar, steer, bars, max_new
-        self.held = held  # a melody held fixed (accompany.HeldMelody)
+        self.held = held  # a melody held fixed (accompany.hold_melody)
         self.keep = len(prompt)
         self.from_scratch = len(prompt) == 1 and held is None
         self.forced: list[int | None] = [None] * num  # with a held melody: the one token a piece must take next
@@ -523,7 +548,7 @@ def sample(model: Performer, tokenizer: REMITokenizer, *, num: int = 1, length: 
     without them, the piece opens on the model's most likely meter. With `options.repeat`, a
     continuous cache of the piece's own hidden states (the prompt's first) is mixed into the
     model's distribution (spemusic.cache). `parts` (models with parts): the parts the pieces may
-    play ("melody", "bridge", "piano"), the others never written. `held` (accompany.HeldMelody): a
+    play ("melody", "bridge", "piano"), the others never written. `held` (accompany.hold_melody): a
     melody the pieces keep as written, token by token, while the model writes the other parts."""
     options = options or SamplingOptions()
     options.check()

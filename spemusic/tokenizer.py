@@ -45,6 +45,16 @@ after the 128 GM programs:
 ``Program_x Pitch_y Velocity_v`` plus ``Duration_d`` for non-drum notes.
 Empty bars are a lone ``Bar`` (+ ``TimeSig``).  Finally ``EOS``.
 
+With ``melody_first`` (parts only) each bar is written in two sweeps: ``Bar``, ``TimeSig`` as
+above, ``Tempo_t`` at the bar line (on the first bar, and wherever the bin in force at the bar
+line changes; never at an onset), then the melody's onsets in time order (``Position`` and its
+melody notes), then the other parts' onsets in time order, Position starting again from the
+bar's beginning, with the ``Chord`` tokens. So every note of the accompaniment, and every chord
+change, comes after the whole bar's melody: the accompaniment and its harmony see it, and the
+melody's notes follow each other in the stream with nothing between them. The other parts'
+sweep begins at a Position at or before the melody's last one, or at any Position whose first
+token is a Chord or a note of another part.
+
 Timing rules
 ------------
 * Onsets are rounded to the nearest grid step (half up); a note landing on
@@ -65,11 +75,11 @@ Timing rules
   Parts are roles, not instruments, so the tokens sit in the Program slot of a note and the
   grammar stays the same. Their codes follow the GM programs and drums (129, 130, 131), so
   inside an onset the melody's notes come first, then the bridge's, then the piano's: the
-  notes of the accompaniment at an onset can see the melody sounding there. Parts keep
-  the piece in one stream in time order (not MMM's per-bar blocks), so every sampling rule
-  that reads the onsets in time works across parts; ``spemusic accompany`` holds the
-  melody fixed by forcing its tokens at its onsets. Tracks with other names are one part
-  per program, as without parts.
+  notes of the accompaniment at an onset can see the melody sounding there, but not the
+  melody of the rest of the bar; ``melody_first`` (above; as MMM's per-bar blocks, melody
+  first) lets them see all of it. ``spemusic accompany`` holds the melody fixed by forcing its
+  tokens (at its onsets in time order; after each Bar with melody_first). Tracks with other
+  names are one part per program, as without parts.
 * All other tracks are merged; drums are symusic's ``track.is_drum`` (channel 10).
   Notes that share (onset step, program, pitch) -- unison doublings across
   tracks (POP909 doubles its melody in the piano track; how often:
@@ -234,6 +244,7 @@ class TokenizerConfig:
     time_signatures: tuple[tuple[int, int], ...] = ()
     chords: bool = False  # Chord_<root>:<quality> tokens (appended to the vocabulary)
     parts: bool = False  # Program_melody / _bridge / _piano for tracks named so (after Program_drums)
+    melody_first: bool = False  # with parts: each bar's melody, then the other parts; the tempo per bar
 
     def __post_init__(self) -> None:
         # types and ranges first: the metadata of a checkpoint from elsewhere lands here, and a
@@ -246,9 +257,11 @@ class TokenizerConfig:
             val = getattr(self, name)
             if isinstance(val, bool) or not isinstance(val, (int, float)) or not 1.0 <= val <= 10_000.0:
                 raise ConfigError(f"tokenizer config: {name} must be a number of BPM in 1 … 10,000, not {val!r}")
-        for name in ("chords", "parts"):
+        for name in ("chords", "parts", "melody_first"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"tokenizer config: {name} must be true or false, not {getattr(self, name)!r}")
+        if self.melody_first and not self.parts:
+            raise ConfigError("tokenizer config: melody_first needs parts")
         if not self.tempo_min <= self.tempo_max:
             raise ConfigError("tokenizer config: tempo_min must not be above tempo_max")
         if self.num_tempo_bins > 1 and not self.tempo_min < self.tempo_max:
@@ -279,7 +292,7 @@ class TokenizerConfig:
     def to_dict(self) -> dict:
         d = asdict(self)
         d["time_signatures"] = [list(t) for t in self.time_signatures]
-        for name in ("chords", "parts"):  # configs without them keep the fingerprint they had before they existed
+        for name in ("chords", "parts", "melody_first"):  # configs without them keep the fingerprint they had before they existed
             if not d[name]:
                 del d[name]
         return d
@@ -1051,28 +1064,50 @@ class REMITokenizer:
         ts_flag = np.ones(nb, dtype=bool)
         ts_flag[1:] = bar_ts[1:] != bar_ts[:-1]
 
+        # sweeps: with melody_first a bar writes its melody's onsets (sweep 0), then the other
+        # parts' (sweep 1, where the chords are too); otherwise every onset is in one sweep
+        melody_first = cfg.melody_first
+        sweep = (prog != PART_CODES["melody"]).astype(np.int64) if melody_first else np.zeros(n, np.int64)
         # onsets: every note onset, and every chord change (a Position may hold only a Chord)
-        first = np.ones(n, dtype=bool)
-        first[1:] = on[1:] != on[:-1]
-        u_step, chord_at = _onsets_with_chords(on[first], chord_steps, last_step)
+        key = on * 2 + sweep  # notes are sorted by onset; with sweeps, (step, sweep) keys need sorting
+        u_key = np.unique(key)
+        u_step, u_sweep = u_key // 2, u_key % 2
+        chord_at = None
+        if chord_steps is not None:
+            s1 = u_step[u_sweep == 1] if melody_first else u_step
+            steps1, chords1 = _onsets_with_chords(s1, chord_steps, last_step)
+            u_step = np.concatenate((u_step[u_sweep == 0], steps1)) if melody_first else steps1
+            u_sweep = np.concatenate((np.zeros(len(u_step) - len(steps1), np.int64), np.ones(len(steps1), np.int64))) \
+                if melody_first else np.zeros(len(steps1), np.int64)
+            chord_at = np.concatenate((np.full(len(u_step) - len(steps1), -1, np.int64), chords1))
         nu = len(u_step)
         u_bar = np.searchsorted(bar_start, u_step, side="right") - 1
         u_pos = u_step - bar_start[u_bar]
+        note_bar = np.searchsorted(bar_start, on, side="right") - 1
 
-        u_tempo, tempos_clipped = self._tempo_bins_at(p, u_step)
-        tempo_flag = np.ones(nu, dtype=bool)
-        tempo_flag[1:] = u_tempo[1:] != u_tempo[:-1]
+        # tempo: on the onsets where the bin in force changes; with melody_first once per bar (the
+        # bin at its bar line), since the onsets of two sweeps are not in time order
+        if melody_first:
+            b_tempo, tempos_clipped = self._tempo_bins_at(p, bar_start)
+            bar_tempo_flag = np.r_[True, b_tempo[1:] != b_tempo[:-1]]
+            tempo_flag = np.zeros(nu, dtype=bool)
+        else:
+            u_tempo, tempos_clipped = self._tempo_bins_at(p, u_step)
+            tempo_flag = np.r_[True, u_tempo[1:] != u_tempo[:-1]] if nu else np.zeros(0, bool)
+            bar_tempo_flag = np.zeros(nb, dtype=bool)
 
-        # layout: items are bar headers, onset headers and notes, ordered by (step, type, rank)
-        bar_len = 1 + ts_flag.astype(np.int64)
+        # layout: items are bar headers, onset headers and notes, ordered by (bar, sweep, step, type, rank)
+        bar_len = 1 + ts_flag.astype(np.int64) + bar_tempo_flag.astype(np.int64)
         chord_flag = chord_at >= 0 if chord_at is not None else np.zeros(nu, dtype=bool)
         on_len = 1 + chord_flag.astype(np.int64) + tempo_flag.astype(np.int64)
         note_len = 4 - drum.astype(np.int64)
+        item_bar = np.concatenate((np.arange(nb, dtype=np.int64), u_bar, note_bar))
+        item_sweep = np.concatenate((np.full(nb, -1, np.int64), u_sweep, sweep))
         item_step = np.concatenate((bar_start, u_step, on))
         item_type = np.concatenate((np.zeros(nb, np.int64), np.ones(nu, np.int64), np.full(n, 2, np.int64)))
         item_rank = np.concatenate((np.zeros(nb + nu, np.int64), np.arange(n, dtype=np.int64)))
         item_len = np.concatenate((bar_len, on_len, note_len))
-        iorder = np.lexsort((item_rank, item_type, item_step))
+        iorder = np.lexsort((item_rank, item_type, item_step, item_sweep, item_bar))
         offs_sorted = np.cumsum(item_len[iorder]) - item_len[iorder] + 1  # +1 for BOS
         offs = np.empty_like(offs_sorted)
         offs[iorder] = offs_sorted
@@ -1083,10 +1118,13 @@ class REMITokenizer:
         bo, uo, no = offs[:nb], offs[nb : nb + nu], offs[nb + nu :]
         out[bo] = self.bar_id
         out[bo[ts_flag] + 1] = self._ts_first + bar_ts[ts_flag]
+        if melody_first:
+            out[bo[bar_tempo_flag] + 1 + ts_flag[bar_tempo_flag]] = self._tempo_first + b_tempo[bar_tempo_flag]
         out[uo] = self._pos_first + u_pos
         if chord_at is not None:
             out[uo[chord_flag] + 1] = self._chord_first + chord_at[chord_flag]
-        out[uo[tempo_flag] + 1 + chord_flag[tempo_flag]] = self._tempo_first + u_tempo[tempo_flag]
+        if not melody_first:
+            out[uo[tempo_flag] + 1 + chord_flag[tempo_flag]] = self._tempo_first + u_tempo[tempo_flag]
         out[no] = self._prog_first + prog
         out[no + 1] = self._pitch_first + pitch
         out[no + 2] = self._vel_first + vbin

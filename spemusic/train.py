@@ -392,13 +392,18 @@ def _starting_point(run: Run) -> tuple[TokenizerConfig, Performer | None]:
     config, weights and tokenizer)."""
     if run.resumed:  # the run's own record: also right for fine-tuning runs (checked by read_run_record)
         return TokenizerConfig.from_dict(run.record["tokenizer"]), None
-    if run.cfg.init_from:
-        base_model, base_tokenizer = checkpoint.load_model(run.cfg.init_from)
-        if run.cfg.parts and not base_tokenizer.config.parts:  # the parts join the model's vocabulary
-            wider = REMITokenizer(replace(base_tokenizer.config, parts=True))
+    cfg = run.cfg
+    if cfg.melody_first and not cfg.parts:
+        raise OptionError("{melody_first} needs {parts}")
+    if cfg.init_from:
+        base_model, base_tokenizer = checkpoint.load_model(cfg.init_from)
+        if cfg.parts and not base_tokenizer.config.parts:  # the parts join the model's vocabulary
+            wider = REMITokenizer(replace(base_tokenizer.config, parts=True, melody_first=cfg.melody_first))
             return wider.config, with_vocabulary(base_model, base_tokenizer, wider, PART_ROWS_LIKE)
+        if cfg.melody_first and not base_tokenizer.config.melody_first:  # the same tokens in another order
+            return replace(base_tokenizer.config, melody_first=True), base_model
         return base_tokenizer.config, base_model
-    return TokenizerConfig(chords=bool(run.cfg.chords), parts=run.cfg.parts), None
+    return TokenizerConfig(chords=bool(cfg.chords), parts=cfg.parts, melody_first=cfg.melody_first), None
 
 
 def _open_cache(cfg: TrainConfig, tok_cfg: TokenizerConfig, world: int, is_main: bool) -> TokenCache:

@@ -7,10 +7,12 @@ import pytest
 import symusic
 from miditoolkit import Instrument, MidiFile, Note, TempoChange, TimeSignature
 
+from spemusic.errors import ConfigError
 from spemusic.grammar import REMIGrammar
 from spemusic.tokenizer import REMITokenizer, TokenizerConfig
 
 PARTS_TOK = REMITokenizer(TokenizerConfig(chords=True, parts=True))
+MELODY_FIRST_TOK = REMITokenizer(TokenizerConfig(chords=True, parts=True, melody_first=True))
 
 
 def write_tracks(path, tracks, ticks_per_beat=480):
@@ -32,8 +34,10 @@ MELODY = [(72, 0, 1, 90), (74, 1, 1, 90), (76, 2, 2, 95), (77, 4, 1.5, 90), (76,
 
 
 @pytest.mark.parametrize("song", ["001", "123", "456", "809"])
-def test_pop909_parts_round_trip(shared_data, song):
+@pytest.mark.parametrize("order", ["time", "melody_first"])
+def test_pop909_parts_round_trip(shared_data, song, order):
     d = shared_data / "pop909"
+    PARTS_TOK = {"time": globals()["PARTS_TOK"], "melody_first": MELODY_FIRST_TOK}[order]
     ids = PARTS_TOK.encode(d / f"{song}.mid", beats=d / "beats" / f"{song}.txt", chords=d / "chords" / f"{song}.txt")
     assert REMIGrammar(PARTS_TOK).is_valid(ids)
     score = PARTS_TOK.decode_to_score(ids, overlaps="layers")
@@ -48,6 +52,63 @@ def test_pop909_parts_round_trip(shared_data, song):
     assert decoded == {k: v for k, v in counts.items() if v}  # every note back in its own part
 
 
+def notes_by_track(score) -> dict[str, list]:
+    return {t.name: sorted(zip(*(t.notes.numpy()[k].tolist() for k in ("time", "duration", "pitch", "velocity"))))
+            for t in score.tracks}
+
+
+def test_melody_first_writes_each_bars_melody_before_the_other_parts(shared_data):
+    """The same notes in both orders; with melody_first every bar is Bar [TimeSig] [Tempo], its
+    melody onsets, then the other parts' onsets with the chords (Position restarts)."""
+    from spemusic.grammar import GrammarState
+    from spemusic.tokenizer import CHORD, PITCH, TEMPO
+
+    d = shared_data / "pop909"
+    grammar = REMIGrammar(MELODY_FIRST_TOK)
+    melody = MELODY_FIRST_TOK.part_id("melody")
+    for song in sorted(d.glob("*.mid"))[::8]:
+        kw = dict(beats=d / "beats" / f"{song.stem}.txt", chords=d / "chords" / f"{song.stem}.txt")
+        ids = MELODY_FIRST_TOK.encode(song, **kw)
+        assert grammar.is_valid(ids), song.name
+        assert notes_by_track(MELODY_FIRST_TOK.decode_to_score(ids, overlaps="layers")) == \
+            notes_by_track(PARTS_TOK.decode_to_score(PARTS_TOK.encode(song, **kw), overlaps="layers"))
+        st, restarts = GrammarState(), 0
+        for t in ids.tolist():
+            kind, before = MELODY_FIRST_TOK.kinds[t], st.sweep
+            grammar.advance(st, t)
+            if kind == PITCH:  # the melody's notes in the bar's first sweep, the others' in its second
+                assert (st.sweep == 0) == (st.note[0] == melody)
+            restarts += before == 0 and st.sweep == 1 and st.last == 5  # (a Position at or before the last)
+            assert kind != CHORD or st.sweep == 1
+            assert kind != TEMPO or st.pos == -1
+        assert restarts > 0
+
+
+def test_melody_first_samples_follow_the_grammar(shared_data):
+    """From scratch, on a chord progression and holding a real melody: valid pieces, the asked
+    chord opening each bar's other parts, the melody back token for token."""
+    from spemusic import load_model
+    from spemusic.accompany import hold_melody, load_melody
+    from spemusic.sampling import SamplingOptions, sample
+
+    model, shipped = load_model("pop-piano")
+    tok = REMITokenizer(TokenizerConfig.from_dict({**shipped.config.to_dict(), "melody_first": True}))
+    grammar, opts = REMIGrammar(tok), SamplingOptions.for_model("pop-piano")
+    for ids in sample(model, tok, num=2, bars=3, seed=1, options=opts).ids:
+        assert grammar.is_valid(ids) and np.count_nonzero(ids == tok.bar_id) == 3
+    for ids in sample(model, tok, num=2, bars=3, seed=2, options=opts, chords=["A:min", "F:maj"],
+                      chord_strength=1.0).ids:
+        assert grammar.is_valid(ids)
+        assert [tok.vocab[t] for t in ids if tok.kinds[t] == 11] == ["Chord_A:min", "Chord_F:maj", "Chord_A:min"]
+    d = shared_data / "pop909"
+    melody = load_melody(d / "001.mid", tok, beats=d / "beats" / "001.txt")
+    held = melody.ids[: np.flatnonzero(melody.ids == tok.bar_id)[12]]
+    for ids in sample(model, tok, num=2, bars=12, seed=3, options=opts, parts=("melody", "bridge", "piano"),
+                      held=hold_melody(held, tok)).ids:
+        assert grammar.is_valid(ids) and melody_notes(ids, tok) == melody_notes(held, tok)
+        assert len(melody_notes(held, tok)) > 20
+
+
 def test_parts_sit_in_the_program_slot_after_the_drums():
     lo, hi = PARTS_TOK.range("Program")
     assert PARTS_TOK.vocab[hi - 4: hi] == ["Program_drums", "Program_melody", "Program_bridge", "Program_piano"]
@@ -56,6 +117,10 @@ def test_parts_sit_in_the_program_slot_after_the_drums():
     assert TokenizerConfig(chords=True).fingerprint() == TokenizerConfig.from_dict(
         TokenizerConfig(chords=True).to_dict()).fingerprint()
     assert "parts" not in TokenizerConfig().to_dict()
+    assert "melody_first" not in TokenizerConfig(parts=True).to_dict()
+    assert MELODY_FIRST_TOK.config.fingerprint() != PARTS_TOK.config.fingerprint() and len(MELODY_FIRST_TOK) == len(PARTS_TOK)
+    with pytest.raises(ConfigError, match="melody_first needs parts"):
+        TokenizerConfig(melody_first=True)
 
 
 def test_melody_less_file(tmp_path):
@@ -139,7 +204,7 @@ def test_accompany_bars_before_the_melody(tmp_path):
     """Bars before the melody's first note (a song's intro), even a span of them with no melody
     note and so no tempo of its own, are the model's to fill."""
     from spemusic import load_model
-    from spemusic.accompany import HeldMelody, load_melody
+    from spemusic.accompany import hold_melody, load_melody
     from spemusic.sampling import sample
 
     model, tok = load_model("pop-piano")
@@ -148,7 +213,7 @@ def test_accompany_bars_before_the_melody(tmp_path):
     bar_at = np.flatnonzero(melody.ids == tok.bar_id)
     for bars in (2, 6):
         held = melody.ids[: bar_at[bars]] if bars < len(bar_at) else melody.ids
-        ids = sample(model, tok, num=1, bars=bars, seed=5, held=HeldMelody.of(held, tok)).ids[0]
+        ids = sample(model, tok, num=1, bars=bars, seed=5, held=hold_melody(held, tok)).ids[0]
         assert REMIGrammar(tok).is_valid(ids) and np.count_nonzero(ids == tok.bar_id) == bars
         assert melody_notes(ids, tok) == melody_notes(held, tok)
 
