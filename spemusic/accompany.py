@@ -20,7 +20,7 @@ import symusic
 
 from .errors import MidiError, OptionError
 from .files import check_input_file
-from .grammar import BAR, NOTE_END, POSITION, TIMESIG, GrammarState
+from .grammar import BAR, NOTE_END, POSITION, TIMESIG, GrammarState, REMIGrammar
 from .prompts import annotated_meters
 from .tokenizer import CHORD, PROGRAM, TEMPO, REMITokenizer, part_of_track, read_midi
 
@@ -138,6 +138,7 @@ class MelodyBlocks:
     tokenizer: REMITokenizer
     melody_id: int
     due: dict[int, list[int]] = field(default_factory=dict)
+    grammar: REMIGrammar | None = None
 
     @classmethod
     def of(cls, ids: np.ndarray, tokenizer: REMITokenizer) -> MelodyBlocks:
@@ -172,7 +173,7 @@ class MelodyBlocks:
                 onset.append(t)
         if bars:
             close_onset()
-        return cls(bars, tokenizer, melody)
+        return cls(bars, tokenizer, melody, grammar=REMIGrammar(tokenizer))
 
     def restrict(self, piece: int, st: GrammarState, mask: np.ndarray) -> int | None:
         """Narrow `mask` to what keeps the melody as written; the token the piece must take next
@@ -191,12 +192,17 @@ class MelodyBlocks:
         return None
 
     def advance(self, piece: int, st: GrammarState, token: int) -> None:
-        """After `token` was taken: at a Bar, the melody's tokens of that bar are due."""
+        """After `token` was taken: at a Bar, the melody's tokens of that bar are due; once they are
+        written, the bar's other parts begin (where the model likes: --chords opens them on Position_0)."""
         due = self.due.get(piece)
         if due and token == due[0]:
             due.pop(0)
         elif token == self.tokenizer.bar_id and 1 <= st.bars <= len(self.bars):
-            self.due[piece] = list(self.bars[st.bars - 1])
+            due = self.due[piece] = list(self.bars[st.bars - 1])
+        else:
+            return
+        if not due:
+            self.grammar.end_melody(st)
 
 
 def hold_melody(ids: np.ndarray, tokenizer: REMITokenizer) -> HeldMelody | MelodyBlocks:

@@ -284,6 +284,13 @@ class REMIGrammar:
             st.eos = True
             st.last = EOS
 
+    def end_melody(self, st: GrammarState) -> None:
+        """melody_first, when a held melody's bar is complete: the state moves on to the other
+        parts' sweep, whose first Position may be any (no more notes at the melody's last onset).
+        Every token this then allows is one the grammar allows without it."""
+        st.sweep, st.pos = 1, -1
+        st.notes_here = self.max_notes_per_onset
+
     def _walk(self, ids) -> tuple[int | None, GrammarState]:
         """(index of the first token not allowed where it stands, or None; the state reached)."""
         st = GrammarState()

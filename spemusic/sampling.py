@@ -254,7 +254,10 @@ def _force_chord_after_melody(mask: np.ndarray, st: GrammarState, chord: int, gr
     chords = slice(grammar.chord_lo, grammar.chord_hi)
     tok = grammar.tok
     melody_sweep = st.sweep == 0
-    if melody_sweep and st.last in (BAR, TIMESIG, TEMPO, NOTE_END):
+    if not melody_sweep and st.pos < 0 and st.last in (BAR, TIMESIG, TEMPO, NOTE_END):  # (a held melody's bar is done)
+        mask[tok.bar_id] = mask[tok.eos_id] = False
+        mask[grammar.pos_lo + 1: grammar.pos_hi] = False
+    elif melody_sweep and st.last in (BAR, TIMESIG, TEMPO, NOTE_END):
         mask[tok.bar_id] = mask[tok.eos_id] = False  # the bar's other parts, on its chord, are still to come
         if st.last == NOTE_END:  # the other parts' sweep opens on Position_0, not later
             mask[grammar.pos_lo + 1: grammar.pos_lo + st.pos + 1] = False
