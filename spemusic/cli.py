@@ -33,6 +33,7 @@ from .options import (
     TRAIN_PRECISIONS,
     TrainConfig,
 )
+from .words import count, verb
 
 # typer prints a <bool> type placeholder after every flag (--overwrite <bool>), as if it took a
 # value; flags take none, so their type column stays empty
@@ -223,7 +224,7 @@ def _convert_many(inputs, output, suffixes, new_suffix, convert, what: str, over
             progress.advance(task)
     for f in failures:
         err.print(f"[yellow]skipped:[/] {escape(f)}", highlight=False)
-    err.print(f"{len(pairs) - len(failures)} of {len(pairs)} files written to {output}"
+    err.print(f"{len(pairs) - len(failures)} of {count(len(pairs), 'file')} written to {output}"
               + (f", {len(failures)} skipped" if failures else ""))
     if len(failures) == len(pairs):  # nothing written is a failure; some written is a success with its skip list
         raise SpemusicError(f"no file written: all {len(pairs)} inputs were skipped" if len(pairs) > 1 else
@@ -412,8 +413,8 @@ def detokenize(
             bad = grammar.first_violation(ids)
             where = (f"; the tokens first leave the REMI grammar at line {numbered[bad][0]} ({numbered[bad][1]})"
                      if bad is not None else "")
-            err.print(f"[yellow]warning:[/] {escape(str(src))}: {lost} of {lost + stats['notes']} notes could not be "
-                      f"formed and are skipped{escape(where)}", highlight=False)
+            err.print(f"[yellow]warning:[/] {escape(str(src))}: {lost} of {count(lost + stats['notes'], 'note')} could "
+                      f"not be formed: skipped{escape(where)}", highlight=False)
         write_output(score.dumps_midi(), dest, overwrite)
 
     _convert_many(inputs, output, {".txt"}, ".mid", convert, "detokenized", overwrite)
@@ -470,7 +471,7 @@ def data_prepare(
     annotated = idx.get("annotated") or {}
     for what in ("beats", "chords"):
         if idx.get(what):
-            out.print(f"{what}: {annotated.get(what, 0)} of {total_files} files annotated; "
+            out.print(f"{what}: {annotated.get(what, 0)} of {count(total_files, 'file')} annotated; "
                       f"{total_files - annotated.get(what, 0)} without "
                       f"({'their own meter' if what == 'beats' else 'no chord tokens'})")
     out.print(f"skipped files: {len(idx['skipped'])}; vocabulary coverage: {idx['vocab_used']} of "
@@ -865,15 +866,15 @@ def _report(rows, result, seed, as_json, midis, prompt_bar_count: int, only_cont
         if as_json:
             print(json.dumps(record), flush=True)
         else:
-            bars = f"{file_bars} bar{'s' * (file_bars != 1)}" + (
+            bars = count(file_bars, "bar") + (
                 f" ({prompt_bar_count} of the prompt, {new_bars} new)" if file_bars != new_bars else "")
             dropped = result.new_tokens - new_tokens if by_length else 0
-            err.print(f"wrote {path}: {bars}, {notes} notes, {seconds:.1f} s of music, seed {seed} ({new_tokens} new "
-                      f"tokens at {tps:,.0f} tok/s"
-                      + (f"; {dropped} tokens of an unfinished last bar dropped" if dropped > 0 else "")
+            err.print(f"wrote {path}: {bars}, {count(notes, 'note')}, {seconds:.1f} s of music, seed {seed} "
+                      f"({count(new_tokens, 'new token')} at {tps:,.0f} tok/s"
+                      + (f"; {count(dropped, 'token')} of an unfinished last bar dropped" if dropped > 0 else "")
                       + ")" + "".join(f"; {name} {escape(p)}" for name, p in written.items()), highlight=False)
         if new_bars == 0 or notes == 0:
-            err.print(f"[yellow]warning:[/] {escape(str(path))}: no new notes: {result.new_tokens} tokens did not "
+            err.print(f"[yellow]warning:[/] {escape(str(path))}: no new notes: {count(result.new_tokens, 'token')} did not "
                       "complete a bar with notes; give a larger --length, or --bars", highlight=False)
 
 
@@ -1186,7 +1187,8 @@ def _generate_or_continue(model_name, prompt_path, prompt_bars, length, bars, nu
                   f"prompt; the new bars play {_instruments(tok, pieces.new_programs)}", highlight=False)
     empty = [str(paths[i]) for i in pieces.empty()]
     if empty:  # nothing is written: an empty MIDI file is no piece
-        raise SpemusicError(f"{len(empty)} of {len(paths)} pieces hold no note ({result.new_tokens} tokens did not "
+        raise SpemusicError(f"{len(empty)} of {count(len(paths), 'piece')} {verb(len(empty), 'holds', 'hold')} no note "
+                            f"({count(result.new_tokens, 'token')} did not "
                             f"complete a bar with notes): nothing written; give a larger --length, or --bars")
     midis, rows, extras = _write_pieces(paths, pieces, tok, title=f"{model_name or 'pop-piano'}, seed {seed}", png=png,
                                         soundfont=soundfont if audio else None, overwrite=overwrite)
@@ -1318,7 +1320,7 @@ def _say_what_played(result, seed: int) -> None:
     minutes, secs = divmod(result.music_seconds, 60)
     if result.reader_closed:
         err.print("stdout closed by its reader: the music stopped there", highlight=False)
-    err.print(f"played {result.bars} bar{'s' * (result.bars != 1)}, {int(minutes)}:{secs:04.1f} of music, seed {seed}; "
+    err.print(f"played {count(result.bars, 'bar')}, {int(minutes)}:{secs:04.1f} of music, seed {seed}; "
               f"sampling margin {result.margin:.1f}x real time ({result.sampled_seconds:.1f} s of music sampled in "
               f"{result.sampling_seconds:.1f} s)" + (f"; the music waited for the sampler {result.underruns} times, "
                                                     f"{result.late_seconds:.1f} s in all" if result.underruns else ""),

@@ -14,6 +14,7 @@ from .errors import MidiError, OptionError, SpemusicError
 from .files import check_input_file, check_output_file, check_output_folder, names_new_folder
 from .grammar import REMIGrammar
 from .tokenizer import REMITokenizer, part_of_track, read_midi
+from .words import count
 
 
 def output_paths(out: str | Path, num: int, overwrite: bool) -> list[Path]:
@@ -170,11 +171,12 @@ def load_prompt(path: Path, tokenizer: REMITokenizer, prompt_bars: int | None = 
         first_note = int(np.flatnonzero((ids >= lo) & (ids < hi))[0])
         skipped = int(np.searchsorted(bar_idx, first_note, side="right")) - 1
         if prompt_bars > len(bar_idx) - skipped:
-            raise OptionError("{path}: the prompt has {bars} bars from its first note (bar {first}); {prompt_bars} "
-                              "asks for {n}", path=str(path), bars=len(bar_idx) - skipped, first=skipped + 1,
+            raise OptionError("{path}: the prompt has {bars} from its first note (bar {first}); {prompt_bars} "
+                              "asks for {n}", path=str(path), bars=count(len(bar_idx) - skipped, "bar"), first=skipped + 1,
                               n=prompt_bars)
         if skipped:
-            caveats.append(f"its first {skipped} bar{'s' * (skipped != 1)} hold no note: --prompt-bars {prompt_bars} "
+            first = "its first bar holds" if skipped == 1 else f"its first {skipped} bars hold"
+            caveats.append(f"{first} no note: --prompt-bars {prompt_bars} "
                            f"takes bars {skipped + 1}-{skipped + prompt_bars}")
         prompt_bars += skipped
     if prompt_bars is not None and prompt_bars < len(bar_idx):

@@ -32,6 +32,7 @@ from .memory import available_memory
 from .model import ModelConfig, Performer
 from .options import PRESETS, TrainConfig
 from .tokenizer import PARTS, REMITokenizer, TokenizerConfig
+from .words import count
 
 # ----------------------------------------------------------------------------- schedule
 
@@ -201,8 +202,8 @@ def _warnings(cfg: TrainConfig, cache, has_valid: bool) -> list[OptionWarning]:
     """Options that run but are probably not what the user meant."""
     out = []
     if cfg.warmup >= cfg.steps:
-        out.append(OptionWarning("{warmup} {n} is not shorter than the run ({total} steps): the learning rate "
-                                 "never reaches {lr} {rate:g}", n=cfg.warmup, total=cfg.steps, rate=cfg.lr))
+        out.append(OptionWarning("{warmup} {n} is not shorter than the run ({total}): the learning rate "
+                                 "never reaches {lr} {rate:g}", n=cfg.warmup, total=count(cfg.steps, "step"), rate=cfg.lr))
     longest = max(f["length"] for f in cache.files("train"))
     if cfg.seq_len > longest:
         out.append(OptionWarning("{seq_len} {n} is longer than every training piece (longest {longest:,} tokens): "
@@ -364,8 +365,8 @@ def _resolve_resumed(given: TrainConfig | dict, run_dir: Path, is_main: bool, ev
         cfg.data = cache  # a run recorded with a relative DATA, resumed elsewhere
     steps = given.get("steps", 0)
     if steps and steps < cfg.steps:
-        raise OptionError("{steps} {n} is below the run's {total} steps: a resumed run can only grow (stop it "
-                          "earlier with {stop_after})", n=steps, total=cfg.steps)
+        raise OptionError("{steps} {n} is below the run's {total}: a resumed run can only grow (stop it "
+                          "earlier with {stop_after})", n=steps, total=count(cfg.steps, "step"))
     cfg.steps = steps or cfg.steps
     cfg.epochs = 0.0  # a run started with epochs recorded the steps they came to
     cfg.check()
@@ -552,8 +553,8 @@ def restore_trainer_state(run: Run, state: RunState, model: torch.nn.Module, opt
         torch.cuda.set_rng_state(saved["cuda_rng"], device)
     state.step, state.best_valid = int(saved["step"]), float(saved["best_valid"])
     if state.step >= cfg.steps:
-        raise OptionError("{folder}: already trained for its {n} steps; give a larger {steps} to train further",
-                          folder=run.run_dir, n=cfg.steps)
+        raise OptionError("{folder}: already trained for its {n}; give a larger {steps} to train further",
+                          folder=run.run_dir, n=count(cfg.steps, "step"))
     state.tokens, state.elapsed_before = int(saved["tokens"]), float(saved["elapsed"])
 
 

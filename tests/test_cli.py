@@ -116,7 +116,7 @@ def test_detokenize_says_how_many_notes_it_cannot_form(run_cli, tmp_path):
                    "EOS\nProgram_0\nPitch_67\nVelocity_20\nDuration_3\n")
     code, _, err = run_cli("detokenize", src, "-o", tmp_path / "cut.mid")
     assert code == 0, err
-    assert ("2 of 4 notes could not be formed and are skipped; the tokens first leave the REMI grammar at "
+    assert ("2 of 4 notes could not be formed: skipped; the tokens first leave the REMI grammar at "
             "line 13 (Position_12)") in " ".join(err.split())
     assert sum(len(t.notes) for t in symusic.Score(str(tmp_path / "cut.mid")).tracks) == 2
     whole = tmp_path / "whole.txt"
@@ -437,3 +437,11 @@ def test_help_lists_the_music_commands_first(run_cli):
                                         "tokenize", "detokenize", "data", "models")]
     assert names[:6] == ["generate", "continue", "accompany", "render", "show", "play"]
     assert names[6:] == ["train", "eval", "tokenize", "detokenize", "data", "models"]
+
+
+def test_counts_read_right_for_one_and_for_many():
+    from spemusic.words import count, verb
+
+    assert [count(0, "bar"), count(1, "bar"), count(2, "bar"), count(1200, "token")] == \
+        ["0 bars", "1 bar", "2 bars", "1,200 tokens"]
+    assert verb(1, "holds", "hold") == "holds" and verb(2, "holds", "hold") == "hold"
