@@ -55,3 +55,27 @@ def piano_phrase(tempo: float = 92.0) -> miditoolkit.MidiFile:
     piano.notes.sort(key=lambda n: (n.start, n.pitch))
     midi.instruments = [piano]
     return midi
+
+
+def melody_line(tempo: float = 96.0) -> miditoolkit.MidiFile:
+    """Eight bars of a sung-style melody in C major, one track named Melody: a prompt for
+    `spemusic accompany` (two four-bar phrases, the second answering the first)."""
+    midi = miditoolkit.MidiFile(ticks_per_beat=TICKS)
+    midi.tempo_changes = [miditoolkit.TempoChange(tempo, 0)]
+    midi.time_signature_changes = [miditoolkit.TimeSignature(4, 4, 0)]
+    lead = miditoolkit.Instrument(program=0, is_drum=False, name="Melody")
+    tune = [  # (start beat, pitch, beats)
+        (0, 64, 1), (1, 67, 1), (2, 69, 1.5), (3.5, 67, 0.5),
+        (4, 64, 1), (5, 62, 1), (6, 60, 2),
+        (8, 62, 1), (9, 64, 1), (10, 65, 1.5), (11.5, 64, 0.5),
+        (12, 62, 3),
+        (16, 64, 1), (17, 67, 1), (18, 72, 1.5), (19.5, 71, 0.5),
+        (20, 69, 1), (21, 67, 1), (22, 65, 2),
+        (24, 64, 1), (25, 62, 1), (26, 65, 1), (27, 64, 1),
+        (28, 60, 3),
+    ]
+    for beat, pitch, beats in tune:
+        t = round(beat * TICKS)
+        lead.notes.append(miditoolkit.Note(84, pitch, t, t + round(beats * TICKS) - 20))
+    midi.instruments = [lead]
+    return midi
