@@ -1,7 +1,8 @@
 """Fuzz pass of the MIDI reader: odd MIDI files, built here in code, through `spemusic tokenize`,
-`spemusic continue` and `spemusic eval --metrics`.
+`spemusic continue`, `spemusic eval --metrics`, `spemusic render` and `spemusic show`; then
+concurrent writers of one output name.
 
-    python benchmarks/fuzz_midi.py [--only 40] [--keep DIR] [--timeout 20] [--memory-gb 2]
+    python benchmarks/fuzz_midi.py [--only 40] [--keep DIR] [--timeout 20] [--memory-gb 2] [--writers 4]
 
 The files: three well-formed pieces (one track; a conductor track, a piano track with pedal, pitch
 bends and running status, and a drum track; one with system exclusive and text events), then
@@ -13,13 +14,21 @@ past tick 2^31, a note 2^28 ticks long, a five-byte length), many tracks (1,000 
 empty ones), bytes no reader can follow (a data byte with no status, system common bytes, a
 system exclusive or meta event longer than the file), and random byte changes (seeded).
 
-Each file goes through the three commands in a worker process (the commands run in it through
+Each file goes through the commands in a worker process (the commands run in it through
 spemusic's own entry point, so the shipped model loads once per worker): `tokenize FILE -o
-FILE.txt`, `continue FILE --length 64 --seed 0 -o FILE-c.mid` (the shipped models) and `eval
---metrics FILE`. A command passes when it exits 0 with its output written (the continuation read
-back by symusic and miditoolkit), or exits 1 or 2 with one line of error; it fails on a
+FILE.txt`, `continue FILE --length 64 --seed 0 -o FILE-c.mid` (the shipped models), `eval
+--metrics FILE`, `render FILE -o FILE.wav` and `show FILE -o FILE.png`. A command passes when it
+exits 0 with its output written (the continuation read back by symusic and miditoolkit, the audio
+by soundfile, the picture non-empty), or exits 1 or 2 with one line of error; it fails on a
 traceback, any other exit code, more than --timeout seconds (the worker is killed and restarted)
 or more than --memory-gb of address space (RLIMIT_AS: a MemoryError, or a worker that dies).
+The reader policy is one: a file that tokenize accepts, continue, render and show accept too, and
+the other way round.
+
+Concurrent writers: --writers processes started together write one output name (generate,
+continue, render, show), first without --overwrite (exactly one may say "wrote"; the others must
+refuse in one line, and the file left must be the winner's), then with it (all succeed, and the
+file is one whole writer's output).
 Prints the counts per command and outcome, and every failure; exits 1 if there is one.
 """
 
@@ -227,7 +236,7 @@ def odd_files(seed: int = 0) -> list[tuple[str, bytes]]:
 
 # ----------------------------------------------------------------------------- running the commands
 
-COMMANDS = ("tokenize", "continue", "eval --metrics")
+COMMANDS = ("tokenize", "continue", "eval --metrics", "render", "show")
 
 
 def command_args(cmd: str, path: Path) -> list[str]:
@@ -236,6 +245,10 @@ def command_args(cmd: str, path: Path) -> list[str]:
     if cmd == "continue":
         return ["continue", str(path), "--length", "64", "--seed", "0", "-o", str(path.with_name(path.stem + "-c.mid")),
                 "--overwrite"]
+    if cmd == "render":
+        return ["render", str(path), "-o", str(path.with_suffix(".wav")), "--overwrite"]
+    if cmd == "show":
+        return ["show", str(path), "-o", str(path.with_suffix(".png")), "--overwrite"]
     return ["eval", "--metrics", str(path)]
 
 
@@ -277,6 +290,17 @@ def judge(cmd: str, path: Path, code, err: str) -> str:
             except Exception as e:  # noqa: BLE001
                 return f"output unreadable: {type(e).__name__}: {str(e)[:100]}"
         if cmd == "tokenize" and not path.with_suffix(".txt").stat().st_size:
+            return "empty output"
+        if cmd == "render":
+            try:
+                import soundfile
+
+                info = soundfile.info(str(path.with_suffix(".wav")))
+                if info.frames <= 0:
+                    return "empty output"
+            except Exception as e:  # noqa: BLE001
+                return f"output unreadable: {type(e).__name__}: {str(e)[:100]}"
+        if cmd == "show" and not path.with_suffix(".png").stat().st_size:
             return "empty output"
         return "ok, with a warning" if any(line.startswith("warning:") for line in lines) else "ok"
     if code in (1, 2):
@@ -326,12 +350,58 @@ class Worker:
         self.proc.wait()
 
 
+def concurrent_writers(folder: Path, n: int) -> list[str]:
+    """`n` processes started together write one output name, per command: without --overwrite
+    exactly one may report "wrote" and the others refuse in one line; with it all succeed. The
+    file left is whole (read back). Returns the failures."""
+    repo = Path(__file__).resolve().parents[1]
+    prompt = repo / "data" / "examples" / "piano.mid"
+    cases = {
+        "generate": lambda out: ["generate", "--bars", "1", "--seed", "0", "-o", str(out)],
+        "continue": lambda out: ["continue", str(prompt), "--bars", "1", "--seed", "0", "-o", str(out)],
+        "render": lambda out: ["render", str(prompt), "-o", str(out)],
+        "show": lambda out: ["show", str(prompt), "-o", str(out)],
+    }
+    suffix = {"generate": ".mid", "continue": ".mid", "render": ".wav", "show": ".png"}
+    failures = []
+    print(f"\n{n} concurrent writers of one output name")
+    for cmd, make in cases.items():
+        for overwrite in (False, True):
+            out = folder / f"same-{cmd}{suffix[cmd]}"
+            out.unlink(missing_ok=True)
+            extra = ["--overwrite"] if overwrite else []
+            procs = [subprocess.Popen([sys.executable, "-m", "spemusic", *make(out), *extra], stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True, cwd=repo) for _ in range(n)]
+            results = [(p.wait(), p.stderr.read()) for p in procs]
+            ok = [r for r in results if r[0] == 0]
+            # (a refusal after sampling comes below the progress bar's last line)
+            errors = [[x for x in e.splitlines() if x.startswith("error:")] for _, e in results]
+            refused = [r for r, er in zip(results, errors) if r[0] != 0 and len(er) == 1 and "already exists" in er[0]
+                       and r[1].strip().splitlines()[-1] == er[0]]
+            whole = out.exists() and out.stat().st_size > 0
+            if whole and suffix[cmd] == ".mid":
+                try:
+                    import symusic
+
+                    symusic.Score(str(out))
+                except Exception:  # noqa: BLE001
+                    whole = False
+            good = (len(ok) == n) if overwrite else (len(ok) == 1 and len(refused) == n - 1)
+            label = f"{cmd:<9} {'--overwrite' if overwrite else 'no --overwrite':<15}"
+            print(f"  {label} {len(ok)} wrote, {len(refused)} refused in one line, file whole: {whole}"
+                  f"  {'ok' if good and whole else 'FAILED'}")
+            if not (good and whole):
+                failures.append(f"concurrent {label.strip()}: " + " | ".join(e.strip()[:120] for _, e in results))
+    return failures
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--only", type=int, default=0, help="only every k-th file, for about this many files (0: all)")
     ap.add_argument("--keep", type=Path, help="write the files (and outputs) here instead of a temporary folder")
     ap.add_argument("--timeout", type=float, default=20.0, help="seconds per command")
     ap.add_argument("--memory-gb", type=float, default=2.0, help="address space of the worker (RLIMIT_AS)")
+    ap.add_argument("--writers", type=int, default=4, help="processes writing one output name at once (0: skip)")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
@@ -358,7 +428,8 @@ def main() -> None:
                 outcome = "worker died (crash or memory)" if r == {} else f"hang (over {args.timeout:.0f} s)"
                 r = {"outcome": outcome, "seconds": args.timeout, "line": ""}
             counts[cmd][r["outcome"]] = counts[cmd].get(r["outcome"], 0) + 1
-            accepted.setdefault(path.name, {})[cmd] = r["outcome"].startswith("ok")
+            # (a refusal for want of memory is no reading of the file: "would need ... GiB")
+            accepted.setdefault(path.name, {})[cmd] = r["outcome"].startswith("ok") or "would need" in r["line"]
             log.append({"file": path.name, "cmd": cmd, **r})
             peak = max(peak, r.get("rss_mb", 0))
             if r["seconds"] > slowest[0]:
@@ -378,12 +449,14 @@ def main() -> None:
         total = sum(counts[cmd].values())
         print(f"  {cmd:<15} {total:>4} files: " + ", ".join(f"{v} {k}" for k, v in sorted(counts[cmd].items(),
                                                                                           key=lambda kv: -kv[1])))
-    # the reader policy is one: a file tokenize accepts, continue accepts too, and the other way round
-    differ = [f"{name}: tokenize {'accepts' if a['tokenize'] else 'refuses'} it, continue "
-              f"{'accepts' if a['continue'] else 'refuses'} it" for name, a in accepted.items()
-              if len(a) == 3 and a["tokenize"] != a["continue"]]
+    # the reader policy is one: a file tokenize accepts, the others accept too, and the other way round
+    readers = ("tokenize", "continue", "render", "show")
+    differ = [f"{name}: " + ", ".join(f"{c} {'accepts' if a[c] else 'refuses'} it" for c in readers)
+              for name, a in accepted.items() if len(a) == len(COMMANDS) and len({a[c] for c in readers}) > 1]
     failures += differ
-    print(f"files tokenize and continue read differently: {len(differ)}")
+    print(f"files that tokenize, continue, render and show read differently: {len(differ)}")
+    if args.writers:
+        failures += concurrent_writers(folder, args.writers)
     print(f"failures: {len(failures)}")
     for f in failures:
         print(f"  {f}")

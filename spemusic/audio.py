@@ -132,7 +132,7 @@ def _check_memory(seconds_score, sample_rate: int) -> None:
 
     free = available_memory()
     if free is not None and need > free:
-        raise MidiError(f"a note of {longest / 3600:.1f} hours would need about {need / 2**30:.0f} GiB to render; "
+        raise MidiError(f"a note of {longest / 3600:.1f} hours would need about {need / 2**30:.1f} GiB to render; "
                         f"{free / 2**30:.1f} GiB are free")
 
 
@@ -151,6 +151,11 @@ def render_blocks(score, soundfont: Path, sample_rate: int = SAMPLE_RATE):
         part = seconds.clip(start / sample_rate, (start + step) / sample_rate, clip_end=False)
         if part.note_num():
             audio = synth.render(part.shift_time(-start / sample_rate), True).T
+            if start - at > len(pending):  # silence since the last sound: given out a segment at a time
+                yield from ([pending] if len(pending) else [])
+                for s in range(at + len(pending), start, step):
+                    yield np.zeros((min(step, start - s), 2), dtype=np.float32)
+                pending, at = np.zeros((0, 2), dtype=np.float32), start
             end = start + len(audio)
             if end - at > len(pending):
                 pending = np.concatenate((pending, np.zeros((end - at - len(pending), 2), dtype=np.float32)))

@@ -133,7 +133,7 @@ def _draw_drums(ax, hits: list[tuple]) -> int:
     ax.set_yticks(range(len(kinds)), names, fontsize=7)
     ax.set_ylim(-0.7, len(kinds) - 0.3)
     ax.set_ylabel("drums")
-    return max(map(len, names))
+    return max(map(len, names), default=0)  # (drum tracks with no hit in the bars shown: no row)
 
 
 def render(score: symusic.Score, fmt: str = ".png", bars: tuple[int, int] | None = None,

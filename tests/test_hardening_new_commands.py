@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import symusic
 
 from spemusic.errors import SpemusicError
 
@@ -175,6 +176,28 @@ def test_render_in_segments_sounds_as_a_whole_render(midi_factory):
     assert ours.shape == whole.shape
     # the same notes, each placed within a sample of the whole render's (float times in seconds)
     assert np.sqrt(((ours - whole) ** 2).mean() / (whole ** 2).mean()) < 0.1
+
+
+def test_a_long_silence_is_rendered_a_segment_at_a_time(midi_factory):
+    """Two notes 40 minutes apart (found by benchmarks/fuzz_midi.py): the silence between them
+    comes out in blocks of one segment, not as one 800 MB buffer, and the audio is whole."""
+    from spemusic.audio import SAMPLE_RATE, SEGMENT_SECONDS, bundled_soundfont, render_blocks
+
+    font = bundled_soundfont()
+    if font is None:
+        pytest.skip("no bundled SoundFont")
+    far = 2400 * 2 * 480  # 2,400 s at 120 BPM
+    score = symusic.Score(str(midi_factory("gap.mid", [(0, False, 60, 0, 400, 90), (0, False, 64, far, far + 400, 90)])))
+    blocks = [len(b) for b in render_blocks(score, font)]
+    assert max(blocks) <= (SEGMENT_SECONDS + 5) * SAMPLE_RATE
+    assert 2400 * SAMPLE_RATE < sum(blocks) < 2410 * SAMPLE_RATE
+
+
+def test_show_a_drum_track_silent_in_the_bars_drawn(run_cli, midi_factory, tmp_path):
+    """A drum track whose hits all lie outside the bars drawn: no drum rows, no traceback (fuzz)."""
+    src = midi_factory("late-drums.mid", [(0, False, 60, 0, 400, 90), (0, True, 36, 40 * 1920, 40 * 1920 + 60, 100)])
+    code, _, err = run_cli("show", src, "--bars", "1:2", "-o", tmp_path / "d.png")
+    assert code == 0, err
 
 
 def test_ctrl_c_while_render_encodes_exits_130_with_nothing_written(midi_factory, tmp_path):
