@@ -176,9 +176,8 @@ class _FavorAttention(torch.autograd.Function):
     written in the layout the output projection reads and keeps (in out_dtype: under bf16 the
     denominators' gradient uses the bf16 o, as the products use bf16 inputs). The masked chunk
     products and the chunks' prefix states are recomputed (two batched products per layer).
-    Autograd's own backward kept those and more: the
-    step kept 1,148 MiB for the backward pass at batch 4 × 2,048 in fp32, now 905, at the same
-    speed (benchmarks/step_memory.py --saved, train_throughput.py). Each pass is one compiled
+    Autograd's own backward kept those and more, at the same speed (docs/measurements.md, "Figures
+    behind the code"; benchmarks/step_memory.py --saved, train_throughput.py). Each pass is one compiled
     region (spemusic.compiled) where inductor is available, and runs with autocast off (the
     trainer's backward pass runs under it): the products' dtype is mm_dtype, everything else fp32."""
 

@@ -512,8 +512,8 @@ PART_PROGRAMS_OPTION = typer.Option(None, "--part-programs", help="The GM progra
                                     "melody=73,bridge=48 (flute, strings) \\[default: piano]")
 PARTS_HELP = "Parts to play, comma-separated: melody, bridge, piano (models with parts, such as pop-piano)."
 
-STEP_PRECISION_HELP = ("Weights of the generation step. Half precision reads half the bytes per token (1.6x faster "
-                       "on a CPU at batch 1) and leaves the NLL unchanged to 1e-4 nats; fp32 is exact. auto: fp16, "
+STEP_PRECISION_HELP = ("Weights of the generation step. Half precision reads half the bytes per token (faster "
+                       "on a CPU) and leaves the NLL unchanged to 1e-4 nats; fp32 is exact. auto: fp16, "
                        "or bf16 from --num 8 on a CPU with native bf16.")
 
 

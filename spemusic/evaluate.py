@@ -121,7 +121,7 @@ def evaluate_nll(model: Performer, tokenizer: REMITokenizer, data: Path, split: 
     if max_pieces:
         sequences = sequences[:max_pieces]
     # no position past the longest piece has a token: the table stops at its bucket, and a huge
-    # --max-len costs nothing (10^9 asked for 16 GB of position arrays and 7.8M buckets)
+    # --max-len costs nothing (it once asked for gigabytes of position arrays)
     longest = max(len(s) for s in sequences) - 1
     max_len = max(1, min(max_len, -(-longest // bucket) * bucket))
     per_piece = []

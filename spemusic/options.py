@@ -20,7 +20,7 @@ MODEL_PRESETS = {  # model sizes by name: ModelConfig.preset(name, vocab_size=â€
     "small": dict(n_layers=6, d_model=256, n_heads=8, d_ff=1024, n_realizations=64, n_features=64,
                   # chunk 64: faster training than 128 on CPU (benchmarks/train_throughput.py)
                   n_sines=5, kernel_size=64, chunk_size=64, short_conv=4),
-    # the next size up from small, for a GPU's budget: 2.3x its weights per token
+    # the next size up from small, for a GPU's budget: more than twice its weights per token
     "medium": dict(n_layers=8, d_model=384, n_heads=8, d_ff=1536, n_realizations=64, n_features=64,
                    n_sines=5, kernel_size=64, chunk_size=64, short_conv=24),
     "paper": dict(n_layers=24, d_model=512, n_heads=8, d_ff=2048, n_realizations=64, n_features=128,

@@ -125,9 +125,9 @@ class Prompt:
         return self.end_tick if self.end_tick is not None else round(self.end_beats * self.midi.ticks_per_beat)
 
 
-# The longest prompt continue and play read: 3.5x the longest POP909 song (18,525 tokens). Priming
-# is flat in memory (Performer.prime, a chunk at a time) but not in time: 100,000 notes at one tick
-# made a prompt of 400,005 tokens that took 9 minutes.
+# The longest prompt continue and play read: a few times the longest POP909 song. Priming is flat
+# in memory (Performer.prime, a chunk at a time) but not in time: a prompt of hundreds of
+# thousands of tokens takes minutes (docs/measurements.md).
 MAX_PROMPT_TOKENS = 65_536
 
 

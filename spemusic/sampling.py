@@ -156,9 +156,9 @@ def next_token_mask(grammar: REMIGrammar, st: GrammarState, trained: np.ndarray 
                     closing: bool = False) -> np.ndarray:
     """The tokens that may come next in a piece, by the rules `sample` and `stream_bars` share:
     the grammar, within the model's trained vocabulary; no EOS; and no bar without a note to open a
-    piece from scratch (POP909's songs often open on rests, and the models learned it: pop-piano,
-    --bars 8, 12 seeds, 1.25 empty bars before the first note on average; a first bar holding only
-    a chord once led 22 empty bars), nor an empty bar to end a --bars piece (`closing`)."""
+    piece from scratch (POP909's songs often open on rests, and the models learned it: a piece
+    would open on empty bars; docs/measurements.md), nor an empty bar to end a --bars piece
+    (`closing`)."""
     empty_bar = st.pos < 0 and st.last in (BAR, TIMESIG, TEMPO)
     opening = from_scratch and st.bars == 1 and st.notes == 0
     return within_training(grammar.allowed(st, allow_eos=False, allow_bar=not (opening or (closing and empty_bar))),
@@ -167,7 +167,7 @@ def next_token_mask(grammar: REMIGrammar, st: GrammarState, trained: np.ndarray 
 
 def opens_on_meter(st: GrammarState, from_scratch: bool) -> bool:
     """A piece from scratch opens on a full bar of the model's most likely meter (taken by argmax),
-    not on a sampled pickup bar (POP909: 40% of songs open on a 1- to 3-beat pickup, and the piece
+    not on a sampled pickup bar (many POP909 songs open on a pickup of 1 to 3 beats, and the piece
     would then rest on a meter change the model has to remember to write)."""
     return from_scratch and st.last == BAR and st.bars == 1
 
@@ -353,8 +353,8 @@ def trim_far_onsets(logits: torch.Tensor, states: list[GrammarState], p: float, 
     return out
 
 
-# the silence an onset may leave unpenalised, in beats: the 34 POP909 valid songs rest that briefly
-# between notes for half their silent time (1.2% of the time; longer holes another 1.2%)
+# the silence an onset may leave unpenalised, in beats: real songs rest that briefly between notes
+# for about half their silent time (docs/measurements.md)
 HOLE_TOLERANCE = 0.25
 
 
@@ -384,10 +384,9 @@ def discourage_holes(logits: torch.Tensor, states: list[GrammarState], penalty: 
 def temper_stacking(logits: torch.Tensor, states: list[GrammarState], scale: float, programs: slice) -> torch.Tensor:
     """After the second note of an onset and every later one, multiply the odds of one more note
     there (its Program tokens against the rest: the next onset, the bar line) by `scale`.
-    Teacher-forced on real songs the model keeps count (pop-piano v9: 0.99-1.05x the songs' rate
-    after 1-4 notes, 1.30x after 5 or more: benchmarks/silence_sources.py), but in its own pieces
-    from scratch the texture drifts: a few stack 3 to 5 notes per onset on average, where the
-    songs have at most 2.8 (benchmarks/music_metrics.py)."""
+    Teacher-forced on real songs the model keeps count, but in its own pieces from scratch the
+    texture drifts toward stacked onsets (benchmarks/silence_sources.py, music_metrics.py;
+    docs/sampling.md)."""
     rows = [b for b, st in enumerate(states) if st.last == NOTE_END and st.notes_here >= 2]
     if scale == 1.0 or not rows:
         return logits
@@ -558,9 +557,8 @@ def sample(model: Performer, tokenizer: REMITokenizer, *, num: int = 1, length: 
     check_length_bars(length, bars)
     # the notes of an onset in the tokenizer's order (low to high) for models that can see the
     # note before (a short convolution); models without one do not know it, and the strict mask
-    # would push them up the keyboard, so they get any order, put right by `canonical` after.
-    # pop-piano (8 pieces of 1,024 tokens, top-p 0.95): notes per onset 2.69 strict vs 3.82
-    # any order (real songs 1.87), H1 2.29 vs 2.59 (real 2.11)
+    # would push them up the keyboard, so they get any order, put right by `canonical` after
+    # (what the strict order does to the texture: docs/measurements.md).
     grammar = REMIGrammar(tokenizer, strict_order=model.cfg.short_conv > 0)
     model.eval()
     model.resample(seed)
