@@ -193,6 +193,7 @@ def accompany_check(model, tok, valid_paths, opts, seed: int) -> dict:
 
     pop = DATA / "pop909"
     gen_hits = gen_bars = real_hits = real_bars = 0
+    sung_hits = sung_bars = 0  # the bars from the melody's first on (before it, the model hears no melody)
     exact = 0
     melody_id = tok.part_id("melody")
     for i, path in enumerate(valid_paths):
@@ -211,6 +212,8 @@ def accompany_check(model, tok, valid_paths, opts, seed: int) -> dict:
         g = note_grid(ids, tok)
         h, c = chord_match(g, asked, notes=g.prog != melody_id)
         gen_hits, gen_bars = gen_hits + h, gen_bars + c
+        h, c = chord_match(g, [None] * first + asked[first:], notes=g.prog != melody_id)
+        sung_hits, sung_bars = sung_hits + h, sung_bars + c
         keep = g_real.bar < bars
         h, c = chord_match(g_real, asked, notes=(g_real.prog == tok.part_id("piano")) & keep)
         real_hits, real_bars = real_hits + h, real_bars + c
@@ -223,8 +226,10 @@ def accompany_check(model, tok, valid_paths, opts, seed: int) -> dict:
           f"chord is the best template match of the accompaniment alone in {gen:.3f} of {gen_bars} bars, of the "
           f"song's own PIANO track in {real:.3f} of {real_bars} ({gen / real:.2f}x, goal >= 0.85x, {ok}); melody "
           f"token for token as given in {exact} of {len(valid_paths)}")
+    print(f"  of these, the bars from the melody's first note on: {sung_hits / max(sung_bars, 1):.3f} of {sung_bars} "
+          f"(before it the model hears no melody and chooses a key alone)")
     return {"accompaniment_match": gen, "piano_track_match": real, "bars": gen_bars, "melody_exact": exact,
-            "songs": len(valid_paths)}
+            "songs": len(valid_paths), "match_from_melody": sung_hits / max(sung_bars, 1)}
 
 
 def pop_piano(args, opts) -> dict:

@@ -16,7 +16,7 @@ ROWS = [
     ["checkpoint", "device", "cache"],
     ["model"],
     ["spe", "attention", "recurrent", "positional", "fused", "compiled", "recall"],
-    ["grammar", "tokenizer", "beats", "chords", "files", "errors", "options", "memory", "examples"],
+    ["grammar", "tokenizer", "beats", "chords", "files", "errors", "words", "options", "memory", "examples"],
 ]
 ENTRY_POINTS = {"__init__", "__main__", "_start"}
 
