@@ -138,7 +138,10 @@ class MelodyBlocks:
     tokenizer: REMITokenizer
     melody_id: int
     due: dict[int, list[int]] = field(default_factory=dict)
-    grammar: REMIGrammar | None = None
+    grammar: REMIGrammar = field(init=False)  # its end_melody: the other parts' sweep begins
+
+    def __post_init__(self) -> None:
+        self.grammar = REMIGrammar(self.tokenizer)
 
     @classmethod
     def of(cls, ids: np.ndarray, tokenizer: REMITokenizer) -> MelodyBlocks:
@@ -173,7 +176,7 @@ class MelodyBlocks:
                 onset.append(t)
         if bars:
             close_onset()
-        return cls(bars, tokenizer, melody, grammar=REMIGrammar(tokenizer))
+        return cls(bars, tokenizer, melody)
 
     def restrict(self, piece: int, st: GrammarState, mask: np.ndarray) -> int | None:
         """Narrow `mask` to what keeps the melody as written; the token the piece must take next

@@ -59,9 +59,8 @@ class GrammarState:
     notes: int = 0                # notes in the piece so far
     sounding: int | None = None   # grid steps from this bar's start to where its last-ending note ends
                                   # (past the bar, or before it when a rest began earlier); None: no note yet
-    sweep: int = 0                # melody_first: 0 while the bar's onsets may still be the melody's, 1 once
-                                  # the other parts' began (a Position at or before the last, a Chord, a Program);
-                                  # other grammars have one sweep, 1, from the first Bar on
+    in_melody: bool = False       # melody_first: the bar's onsets may still be the melody's (until the other
+                                  # parts' sweep begins: a Position at or before the last, a Chord, their Program)
     eos: bool = False
 
 
@@ -145,7 +144,7 @@ class REMIGrammar:
         m = np.zeros(self.V, dtype=bool)
         tok = self.tok
         last = st.last
-        melody_onset = st.sweep == 0
+        melody_onset = st.in_melody
         if last == BAR and st.bars == 1:
             m |= self.timesig_ok
             return m
@@ -229,7 +228,7 @@ class REMIGrammar:
         elif kind == BAR:
             st.bars += 1
             st.pos = -1
-            st.sweep = 0 if self.melody_first else 1
+            st.in_melody = self.melody_first
             if st.sounding is not None:
                 st.sounding -= st.bar_len  # the bar that ends here
             st.bar_len = self.bar_steps.get(st.timesig, self.default_bar)
@@ -239,8 +238,8 @@ class REMIGrammar:
             st.bar_len = self.bar_steps[token]
             st.last = TIMESIG
         elif kind == POSITION:
-            if self.melody_first and token - self.pos_lo <= st.pos:
-                st.sweep = 1
+            if token - self.pos_lo <= st.pos:
+                st.in_melody = False
             st.pos = token - self.pos_lo
             st.last_note = (-1, -1, -1, -1)
             st.used = set()
@@ -248,7 +247,7 @@ class REMIGrammar:
             st.chord_here = False
             st.last = POSITION
         elif kind == CHORD:
-            st.sweep = 1
+            st.in_melody = False
             st.chord = token
             st.chord_here = True
             st.last = CHORD
@@ -256,8 +255,8 @@ class REMIGrammar:
             st.tempo = token
             st.last = TEMPO
         elif kind == PROGRAM:
-            if self.melody_first and token != self.melody:
-                st.sweep = 1
+            if token != self.melody:
+                st.in_melody = False
             st.note = [token, -1, -1]
             st.last = PROGRAM
         elif kind == PITCH:
@@ -277,7 +276,7 @@ class REMIGrammar:
         elif kind == DURATION:
             st.last_note = (*st.note, token)
             end = st.pos + int(self.duration_steps[token - self.dur_lo])
-            if not (self.melody_first and st.note[0] == self.melody):  # (melody_first: the other parts' sweep alone)
+            if not st.in_melody:  # (melody_first: the other parts' sweep alone)
                 st.sounding = end if st.sounding is None else max(st.sounding, end)
             st.last = NOTE_END
         elif kind == EOS:
@@ -288,7 +287,7 @@ class REMIGrammar:
         """melody_first, when a held melody's bar is complete: the state moves on to the other
         parts' sweep, whose first Position may be any (no more notes at the melody's last onset).
         Every token this then allows is one the grammar allows without it."""
-        st.sweep, st.pos = 1, -1
+        st.in_melody, st.pos = False, -1
         st.notes_here = self.max_notes_per_onset
 
     def _walk(self, ids) -> tuple[int | None, GrammarState]:

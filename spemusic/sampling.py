@@ -253,7 +253,7 @@ def force_chord(mask: np.ndarray, st: GrammarState, chord: int, grammar: REMIGra
 def _force_chord_after_melody(mask: np.ndarray, st: GrammarState, chord: int, grammar: REMIGrammar) -> None:
     chords = slice(grammar.chord_lo, grammar.chord_hi)
     tok = grammar.tok
-    melody_sweep = st.sweep == 0
+    melody_sweep = st.in_melody
     if not melody_sweep and st.pos < 0 and st.last in (BAR, TIMESIG, TEMPO, NOTE_END):  # (a held melody's bar is done)
         mask[tok.bar_id] = mask[tok.eos_id] = False
         mask[grammar.pos_lo + 1: grammar.pos_hi] = False
@@ -366,7 +366,7 @@ def discourage_holes(logits: torch.Tensor, states: list[GrammarState], penalty: 
     (`GrammarState.sounding`). The onsets' total probability is kept: whether another note comes
     at this onset stays the model's choice; only where the next one falls is moved closer."""
     rows = [b for b, st in enumerate(states)  # (melody_first: in the bar's other parts alone, after its melody)
-            if st.sounding is not None and st.sweep == 1 and st.last in (NOTE_END, CHORD, BAR, TIMESIG)]
+            if st.sounding is not None and not st.in_melody and st.last in (NOTE_END, CHORD, BAR, TIMESIG)]
     if penalty <= 0 or not rows:
         return logits
     at = torch.arange(len(onsets), dtype=torch.float32).repeat(len(rows), 1)

@@ -1065,21 +1065,18 @@ class REMITokenizer:
         ts_flag[1:] = bar_ts[1:] != bar_ts[:-1]
 
         # sweeps: with melody_first a bar writes its melody's onsets (sweep 0), then the other
-        # parts' (sweep 1, where the chords are too); otherwise every onset is in one sweep
+        # parts' (sweep 1, where the chords are); otherwise every onset is in sweep 1
         melody_first = cfg.melody_first
-        sweep = (prog != PART_CODES["melody"]).astype(np.int64) if melody_first else np.zeros(n, np.int64)
+        sweep = (prog != PART_CODES["melody"]) if melody_first else np.ones(n, dtype=bool)
         # onsets: every note onset, and every chord change (a Position may hold only a Chord)
-        key = on * 2 + sweep  # notes are sorted by onset; with sweeps, (step, sweep) keys need sorting
-        u_key = np.unique(key)
-        u_step, u_sweep = u_key // 2, u_key % 2
+        u_step, u_sweep = np.divmod(np.unique(on * 2 + sweep), 2)
         chord_at = None
         if chord_steps is not None:
-            s1 = u_step[u_sweep == 1] if melody_first else u_step
-            steps1, chords1 = _onsets_with_chords(s1, chord_steps, last_step)
-            u_step = np.concatenate((u_step[u_sweep == 0], steps1)) if melody_first else steps1
-            u_sweep = np.concatenate((np.zeros(len(u_step) - len(steps1), np.int64), np.ones(len(steps1), np.int64))) \
-                if melody_first else np.zeros(len(steps1), np.int64)
-            chord_at = np.concatenate((np.full(len(u_step) - len(steps1), -1, np.int64), chords1))
+            melody_only = u_step[u_sweep == 0]
+            steps1, chords1 = _onsets_with_chords(u_step[u_sweep == 1], chord_steps, last_step)
+            u_step = np.concatenate((melody_only, steps1))
+            u_sweep = np.r_[np.zeros(len(melody_only), np.int64), np.ones(len(steps1), np.int64)]
+            chord_at = np.r_[np.full(len(melody_only), -1, np.int64), chords1]
         nu = len(u_step)
         u_bar = np.searchsorted(bar_start, u_step, side="right") - 1
         u_pos = u_step - bar_start[u_bar]
@@ -1102,7 +1099,7 @@ class REMITokenizer:
         on_len = 1 + chord_flag.astype(np.int64) + tempo_flag.astype(np.int64)
         note_len = 4 - drum.astype(np.int64)
         item_bar = np.concatenate((np.arange(nb, dtype=np.int64), u_bar, note_bar))
-        item_sweep = np.concatenate((np.full(nb, -1, np.int64), u_sweep, sweep))
+        item_sweep = np.concatenate((np.full(nb, -1, np.int64), u_sweep, sweep.astype(np.int64)))
         item_step = np.concatenate((bar_start, u_step, on))
         item_type = np.concatenate((np.zeros(nb, np.int64), np.ones(nu, np.int64), np.full(n, 2, np.int64)))
         item_rank = np.concatenate((np.zeros(nb + nu, np.int64), np.arange(n, dtype=np.int64)))

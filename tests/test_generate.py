@@ -341,7 +341,7 @@ def test_output_folder_with_trailing_slash(run_cli, tiny_checkpoint, tmp_path):
 
 def test_a_piece_without_notes_is_an_error_and_nothing_is_written(run_cli, tiny_checkpoint, tmp_path):
     code, _, err = run_cli("generate", "--model", tiny_checkpoint, "--length", 3, "-o", tmp_path / "x.mid")
-    assert code == 1 and "hold no note" in err and "nothing written" in err and not (tmp_path / "x.mid").exists()
+    assert code == 1 and "holds no note" in err and "nothing written" in err and not (tmp_path / "x.mid").exists()
     code, _, err = run_cli("generate", "--model", tiny_checkpoint, "--length", 30, "-o", tmp_path / "z.txt")
     assert code == 1 and "name it .mid" in err and not (tmp_path / "z.txt").exists()
 

@@ -74,12 +74,12 @@ def test_melody_first_writes_each_bars_melody_before_the_other_parts(shared_data
             notes_by_track(PARTS_TOK.decode_to_score(PARTS_TOK.encode(song, **kw), overlaps="layers"))
         st, restarts = GrammarState(), 0
         for t in ids.tolist():
-            kind, before = MELODY_FIRST_TOK.kinds[t], st.sweep
+            kind, before = MELODY_FIRST_TOK.kinds[t], st.in_melody
             grammar.advance(st, t)
             if kind == PITCH:  # the melody's notes in the bar's first sweep, the others' in its second
-                assert (st.sweep == 0) == (st.note[0] == melody)
-            restarts += before == 0 and st.sweep == 1 and st.last == 5  # (a Position at or before the last)
-            assert kind != CHORD or st.sweep == 1
+                assert st.in_melody == (st.note[0] == melody)
+            restarts += before and not st.in_melody and st.last == 5  # (a Position at or before the last)
+            assert kind != CHORD or not st.in_melody
             assert kind != TEMPO or st.pos == -1
         assert restarts > 0
 
