@@ -207,15 +207,20 @@ def accompany_check(model, tok, valid_paths, opts, seed: int) -> dict:
         bars = int(np.count_nonzero(cut == tok.bar_id))
         ids = sample(model, tok, num=1, bars=bars, seed=seed + 4000 + i, options=opts, parts=("melody", "bridge", "piano"),
                      held=hold_melody(cut, tok)).ids[0]
+        # bar b of the melody alone is bar b + shift of the song: the song may open with a pickup
+        # bar (its piano before the first downbeat) that its melody alone does not have
+        song_bar_at = np.flatnonzero(song == tok.bar_id)
+        shift = int(np.searchsorted(song_bar_at, np.flatnonzero(song == melody_id)[0], side="right")) - 1 - first
         g_real = note_grid(song, tok)
-        asked = bar_chords(g_real)[:bars]
+        real_chords = bar_chords(g_real)
+        asked = ([None] * max(-shift, 0) + real_chords[max(shift, 0):])[:bars]
         g = note_grid(ids, tok)
         h, c = chord_match(g, asked, notes=g.prog != melody_id)
         gen_hits, gen_bars = gen_hits + h, gen_bars + c
         h, c = chord_match(g, [None] * first + asked[first:], notes=g.prog != melody_id)
         sung_hits, sung_bars = sung_hits + h, sung_bars + c
-        keep = g_real.bar < bars
-        h, c = chord_match(g_real, asked, notes=(g_real.prog == tok.part_id("piano")) & keep)
+        lo, hi = max(shift, 0), shift + bars  # the same bars of the song
+        h, c = chord_match(g_real, [None] * lo + real_chords[lo:hi], notes=g_real.prog == tok.part_id("piano"))
         real_hits, real_bars = real_hits + h, real_bars + c
         mel = lambda seq: [tuple(seq[j:j + 4]) for j, t in enumerate(seq.tolist()) if t == melody_id]  # noqa: E731
         exact += mel(np.asarray(ids)) == mel(np.asarray(cut))

@@ -547,6 +547,9 @@ TRAIN_OPTIONS = {
               "POP909); an --init-from model without them gets them in its vocabulary.")),
     "melody_first": ("Data", ("With --parts, write each bar's melody before the other parts, so the accompaniment "
                      "and its chords see the whole bar's melody (an --init-from model may switch to it).")),
+    "lead_sheet": ("Data", ("With parts: this share of the training windows has its first 1 to 8 bars as a lead "
+                   "sheet (the melody and the chords, no other part), so the model learns to accompany a melody it "
+                   "is given.")),
     "batch_size": ("Optimisation", "Sequences per micro-batch, all processes together."),
     "grad_accum": ("Optimisation", "Micro-batches per optimizer step."),
     "steps": ("Optimisation", "Optimizer steps.", None),
@@ -617,6 +620,7 @@ def train(
     chords: Path | None = _train_option("chords", "--chords"),
     parts: bool | None = _train_option("parts", "--parts/--no-parts"),
     melody_first: bool | None = _train_option("melody_first", "--melody-first/--no-melody-first"),
+    lead_sheet: float | None = _train_option("lead_sheet", "--lead-sheet"),
     output: Path | None = typer.Option(None, "-o", "--output", rich_help_panel="Run",
                                           help="Run folder: checkpoints, metrics.jsonl."),
     config: Path | None = typer.Option(None, "--config", rich_help_panel="Run",

@@ -20,9 +20,10 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import MidiError, SpemusicError
+from .errors import MidiError, OptionError, SpemusicError
 from .files import check_output_folder, write_atomically
-from .tokenizer import REMITokenizer, TokenizerConfig
+from .tokenizer import (BAR, DURATION, EOS, PAD, PITCH, POSITION, PROGRAM, TEMPO, VELOCITY, REMITokenizer,
+                        TokenizerConfig)
 
 SPLITS = ("train", "valid", "test")
 MIDI_SUFFIXES = {".mid", ".midi"}
@@ -365,10 +366,16 @@ class WindowSampler:
 
     PIECE_START_SHARE = 0.1
 
-    def __init__(self, cache: TokenCache, split: str, seq_len: int, max_transpose: int = 6):
+    LEAD_SHEET_BARS = 8  # a lead-sheet window's melody-only opening: 1 to this many bars
+
+    def __init__(self, cache: TokenCache, split: str, seq_len: int, max_transpose: int = 6,
+                 lead_sheet: float = 0.0):
         self.tokenizer = cache.tokenizer
         self.seq_len = seq_len
         self.max_transpose = max_transpose
+        if lead_sheet and not self.tokenizer.config.parts:
+            raise OptionError("{lead_sheet} needs a model with parts (melody, bridge, piano): give {parts}")
+        self.lead_sheet = lead_sheet
         self.sequences = [np.asarray(s, dtype=np.int64) for s in cache.sequences(split)]
         if not self.sequences:
             raise SpemusicError(f"{cache.path}: the {split} split is empty")
@@ -385,6 +392,14 @@ class WindowSampler:
     def window(self, seq_index: int, start: int) -> np.ndarray:
         out = np.full(self.seq_len + 1, self.tokenizer.pad_id, dtype=np.int64)
         piece = self.sequences[seq_index][start: start + self.seq_len + 1]
+        out[: len(piece)] = piece
+        return out
+
+    def lead_sheet_window(self, seq_index: int, start: int, bars: int) -> np.ndarray:
+        """The window at `start` (a bar line) with its first `bars` bars as a lead sheet."""
+        out = np.full(self.seq_len + 1, self.tokenizer.pad_id, dtype=np.int64)
+        piece = self.sequences[seq_index][start: start + 2 * (self.seq_len + 1)]
+        piece = lead_sheet_bars(piece, self.tokenizer, bars)[: self.seq_len + 1]
         out[: len(piece)] = piece
         return out
 
@@ -408,11 +423,46 @@ class WindowSampler:
         at_start = rng.random(batch_size) < self.PIECE_START_SHARE
         picks = rng.integers(0, len(self.starts), size=batch_size)
         pieces = rng.choice(len(self.sequences), size=batch_size, p=self.piece_weights)
-        batch = [self.window(pieces[i], 0) if at_start[i] else self.window(*self.starts[picks[i]])
+        # lead sheets only inside pieces: from BOS the model still opens a song with all its parts
+        lead = (rng.random(batch_size) < self.lead_sheet) & ~at_start
+        bars = rng.integers(1, self.LEAD_SHEET_BARS + 1, size=batch_size)
+        batch = [self.window(pieces[i], 0) if at_start[i]
+                 else self.lead_sheet_window(*self.starts[picks[i]], bars[i]) if lead[i]
+                 else self.window(*self.starts[picks[i]])
                  for i in range(batch_size)]
         if augment:
             batch = [self.transpose(w, rng) for w in batch]
         return np.stack(batch)
+
+
+def lead_sheet_bars(ids: np.ndarray, tokenizer: REMITokenizer, bars: int) -> np.ndarray:
+    """`ids` (from a bar line on) with the notes of every part but the melody taken out of its first
+    `bars` bars, and the Positions left empty: the melody and the chords, as a lead sheet has them.
+
+    Why: a model trained on whole songs predicts the accompaniment from the accompaniment before it
+    (its key, its figure) and barely reads the melody. Moving the melody of whole songs a semitone
+    against their piano costs the piano's pitches only 0.03 nats. After a lead sheet's bars the
+    accompaniment has only the melody and the chords to go on, as when it accompanies a melody
+    it is given (`spemusic accompany`), and the chords there are predicted from the melody alone."""
+    ids = np.asarray(ids, dtype=np.int64)
+    bar_at = np.flatnonzero(ids == tokenizer.bar_id)
+    end = int(bar_at[bars]) if len(bar_at) > bars else len(ids)
+    head, kinds = ids[:end], tokenizer.kinds[ids[:end]]
+    # a note is its Program token and the Pitch, Velocity, Duration tokens after it
+    is_program = kinds == PROGRAM
+    owner = np.maximum.accumulate(np.where(is_program, np.arange(end), -1))
+    of_note = is_program | np.isin(kinds, (PITCH, VELOCITY, DURATION))
+    melody = tokenizer.part_id("melody")
+    drop = of_note & (owner >= 0) & (head[np.maximum(owner, 0)] != melody)
+    # in time order a Tempo sits at an onset, which may not hold it alone: that onset keeps its notes
+    onset = np.maximum.accumulate(np.where((kinds == POSITION) | (kinds == BAR), np.arange(end), -1))
+    drop &= ~np.isin(onset, onset[kinds == TEMPO])
+    kept = head[~drop]
+    kept_kinds = tokenizer.kinds[kept]
+    # a Position with nothing after it (the next token another Position, a Bar, the end)
+    after = np.r_[kept_kinds[1:], BAR]
+    empty = (kept_kinds == POSITION) & np.isin(after, (POSITION, BAR, EOS, PAD))
+    return np.concatenate([kept[~empty], ids[end:]])
 
 
 def fixed_windows(cache: TokenCache, split: str, seq_len: int, max_windows: int = 64) -> np.ndarray:

@@ -70,6 +70,7 @@ class TrainConfig:
     chords: str = ""             # folder of chord annotations (Chord tokens; a new model gets a chord vocabulary)
     parts: bool = False          # melody, bridge and piano parts by track name (a fine-tune without them gets them)
     melody_first: bool = False   # with parts: each bar's melody before the other parts (a fine-tune may switch to it)
+    lead_sheet: float = 0.0      # with parts: share of windows whose first bars keep only the melody and the chords
     short_conv: int = -1         # tokens each block's short convolution reaches back (-1: the preset's, or the
                                  # fine-tuned model's; a fine-tuned model without one gets it, starting at zero)
     pitch_memory: bool = False   # every token sees the last pitch of each part (needs parts; added at zero to
@@ -95,7 +96,7 @@ class TrainConfig:
         if self.steps > 0 and self.epochs > 0:
             raise OptionError("give {steps} or {epochs}, not both (got {n} steps and {e} epochs)", n=self.steps,
                               e=self.epochs)
-        for name in ("lr", "weight_decay", "epochs", "grad_clip", "recall_lr_scale"):
+        for name in ("lr", "weight_decay", "epochs", "grad_clip", "recall_lr_scale", "lead_sheet"):
             if not math.isfinite(getattr(self, name)):
                 raise OptionError("{%s} must be a finite number (got {value})" % name, value=getattr(self, name))
         if self.lr <= 0:
@@ -110,6 +111,8 @@ class TrainConfig:
                 raise OptionError("{%s} must be at least 1" % name)
         if self.weight_decay < 0:
             raise OptionError("{weight_decay} must be at least 0")
+        if not 0 <= self.lead_sheet <= 1:
+            raise OptionError("{lead_sheet} must be in 0 … 1 (got {value})", value=self.lead_sheet)
         if not 0 <= self.seed < 2**31:  # the seed is combined with step counts into a 64-bit torch seed
             raise OptionError("{seed} must be between 0 and 2^31 - 1 (got {value})", value=self.seed)
         if not -1 <= self.short_conv <= 64:

@@ -240,3 +240,41 @@ def test_accompany_on_beats_writes_the_annotated_bars(tmp_path):
     midi = accompany(model, tok, melody, num=1, seed=2).midis[0]
     assert [(t.numerator, t.denominator) for t in midi.time_signature_changes] == [(4, 4)]
     assert [(n.start, n.pitch) for n in midi.instruments[0].notes] == [(int(s * 480), p) for p, s, _, _ in MELODY]
+
+
+@pytest.mark.parametrize("order", ["time", "melody_first"])
+def test_lead_sheet_bars_keep_the_melody_and_the_chords(shared_data, order):
+    from spemusic.data import lead_sheet_bars
+    from spemusic.tokenizer import CHORD, PROGRAM
+
+    tok = {"time": PARTS_TOK, "melody_first": MELODY_FIRST_TOK}[order]
+    d = shared_data / "pop909"
+    ids = tok.encode(d / "001.mid", beats=d / "beats" / "001.txt", chords=d / "chords" / "001.txt").astype(np.int64)
+    bar_at = np.flatnonzero(ids == tok.bar_id)
+    start, bars = bar_at[6], 5
+    lead = lead_sheet_bars(ids[start:], tok, bars)
+    assert REMIGrammar(tok).is_valid(np.r_[ids[:start], lead])
+    cut = np.flatnonzero(lead == tok.bar_id)[bars]
+    head, rest = lead[:cut], lead[cut:]
+    assert np.array_equal(rest, ids[bar_at[6 + bars]:])  # the bars after it as they were
+    original = ids[start: bar_at[6 + bars]]
+    programs = head[tok.kinds[head] == PROGRAM]
+    assert set(programs.tolist()) == {tok.part_id("melody")}  # only the melody's notes are left
+    assert len(programs) == np.count_nonzero(original == tok.part_id("melody"))
+    chords = lambda seq: seq[tok.kinds[seq] == CHORD].tolist()  # noqa: E731
+    assert chords(head) == chords(original) and chords(head)  # every chord change is kept
+
+
+def test_lead_sheet_option_needs_parts(shared_data, tmp_path):
+    from spemusic.data import WindowSampler, prepare
+    from spemusic.errors import OptionError
+    from spemusic.options import TrainConfig
+
+    with pytest.raises(OptionError, match="lead_sheet"):
+        TrainConfig(steps=1, lead_sheet=1.5).check()
+    midi = tmp_path / "midi"
+    midi.mkdir()
+    write_tracks(midi / "a.mid", [("PIANO", 0, MELODY)])
+    cache, _ = prepare(midi, tmp_path / "cache", TokenizerConfig())
+    with pytest.raises(OptionError, match="parts"):
+        WindowSampler(cache, "train", 64, lead_sheet=0.5)
