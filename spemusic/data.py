@@ -22,8 +22,7 @@ import numpy as np
 
 from .errors import MidiError, OptionError, SpemusicError
 from .files import check_output_folder, write_atomically
-from .tokenizer import (BAR, DURATION, EOS, PAD, PITCH, POSITION, PROGRAM, TEMPO, VELOCITY, REMITokenizer,
-                        TokenizerConfig)
+from .tokenizer import BAR, DURATION, EOS, PAD, PITCH, POSITION, PROGRAM, TEMPO, VELOCITY, REMITokenizer, TokenizerConfig
 
 SPLITS = ("train", "valid", "test")
 MIDI_SUFFIXES = {".mid", ".midi"}
