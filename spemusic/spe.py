@@ -91,7 +91,7 @@ class SPE(nn.Module):
         """What every layer's filter needs for positions start..start+T."""
         raise NotImplementedError
 
-    def stream_init(self, code, start: int, device):
+    def stream_init(self, code, start: int = 0, device=None):
         """The state that gives the codes one position at a time from ``start`` (has ``clone``)."""
         raise NotImplementedError
 
@@ -360,9 +360,10 @@ class ConvSPE(SPE):
         return torch.stack(out)
 
     # ---- streaming ----
-    def stream_init(self, code: ConvCode, start: int, device) -> ConvStream:
+    def stream_init(self, code: ConvCode, start: int = 0, device=None) -> ConvStream:
         """Ring buffer holding the noise at positions start-L .. start-1 (slot p % L)."""
         L = self.L
+        device = device if device is not None else self.filters.device
         z = self.noise(code, start - L, start, device)  # (L, H, D, R)
         HD = self.n_heads * self.d_head
         buf = torch.empty(HD, L, self.R, device=device)
@@ -443,6 +444,20 @@ class SPEFilter(nn.Module):
     def forward(self, q: torch.Tensor, k: torch.Tensor, ctx) -> tuple[torch.Tensor, torch.Tensor]:
         """q, k: (B, T, H, D) -> q̂, k̂: (B, T, H, R), ctx: the code's SineContext or ConvContext."""
         return ctx.filter(q, k, self.gate_values())
+
+    def step(self, q: torch.Tensor, k: torch.Tensor, code_t: torch.Tensor,
+             eps: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """One position (recurrent decoding): q, k (B, H, D) and code_t = [Q̄_t; K̄_t] (2, H, D, R)
+        from the generator's ``code_at`` -> q̂_t, k̂_t (B, H, R). eps: the code's ε, for a gated
+        filter (``code.eps``)."""
+        qbar, kbar = code_t[0], code_t[1]
+        if self.gated:
+            if eps is None:
+                raise ValueError("a gated SPEFilter needs the code's eps")
+            g = torch.sigmoid(self.gate)[..., None]
+            qbar = torch.sqrt(1 - g) * qbar + torch.sqrt(g) * eps
+            kbar = torch.sqrt(1 - g) * kbar + torch.sqrt(g) * eps
+        return torch.einsum("bhd,hdr->bhr", q, qbar), torch.einsum("bhd,hdr->bhr", k, kbar)
 
     def code(self, ctx) -> tuple[torch.Tensor, torch.Tensor]:
         """The effective (gated) codes Q̄', K̄' as (T, H, D, R) (for tests/inspection)."""

@@ -15,7 +15,7 @@ ROWS = [
     ["sampling", "prompts", "accompany", "data", "pianoroll", "audio", "metrics", "keys"],
     ["checkpoint", "device", "cache"],
     ["model"],
-    ["spe", "attention", "recurrent", "positional", "fused", "compiled", "recall"],
+    ["spe", "spe_jax", "attention", "recurrent", "positional", "fused", "compiled", "recall"],
     ["grammar", "tokenizer", "beats", "chords", "files", "errors", "words", "options", "memory", "examples"],
 ]
 ENTRY_POINTS = {"__init__", "__main__", "_start"}
