@@ -23,6 +23,7 @@ from _errors import run_script  # (benchmarks/, the script's own folder)
 CONFIGS = [  # (name, train options)
     ("ape", ["--pe", "ape"]),
     ("axial", ["--pe", "axial"]),
+    ("axial-continuous", ["--pe", "axial-continuous"]),
     ("sinespe-gated", ["--pe", "sinespe", "--gated"]),
     ("sinespe-ungated", ["--pe", "sinespe", "--no-gated"]),
     ("convspe-gated", ["--pe", "convspe", "--gated"]),

@@ -534,7 +534,8 @@ TRAIN_OPTIONS = {
                  "pattern, an accompaniment's figure). Added to an --init-from model at zero.")),
     "recall_lr_scale": ("Optimisation", ("The --pitch-memory and --bar-echo tables learn this many times faster than "
                         "the rest (they start at zero).")),
-    "max_len": ("Model", ("Longest sequence of an absolute PE (ape, sinusoidal, axial) at generation/eval; SPE has "
+    "max_len": ("Model", ("Longest sequence of an absolute PE (ape, sinusoidal, axial; axial-continuous is scaled "
+                "to it) at generation/eval; SPE has "
                 "no limit."), "max(seq-len, 2048)"),
     "init_from": ("Model", ("Fine-tune: start from this model (a shipped name or a checkpoint), with its size, PE "
                   "and tokenizer."), None),

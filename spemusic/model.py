@@ -16,7 +16,7 @@ Design notes (SPE: Liutkus et al., ICML 2021; FAVOR+: Choromanski et al., ICLR 2
   R-dim q̂, k̂; FAVOR+ features are then taken of q̂, k̂.
 * FAVOR+ ω are persistent buffers (saved in checkpoints); ``redraw_features``
   draws new ones (training), ``resample`` leaves them alone unless asked.
-* Absolute PEs (ape, sinusoidal, axial) raise ``SpemusicError`` past max_len;
+* Absolute PEs (ape, sinusoidal, axial) raise ``SpemusicError`` past max_len (axial-continuous does not);
   SPE has no limit.
 """
 from __future__ import annotations
@@ -78,13 +78,13 @@ class ModelConfig:
     dropout: float = 0.0
     attention: str = "favor"  # "favor" | "softmax"
     n_features: int = 128  # FAVOR+ random features M (per head)
-    pe: str = "sinespe"  # "sinespe" | "convspe" | "ape" | "sinusoidal" | "axial" | "none"
+    pe: str = "sinespe"  # "sinespe" | "convspe" | "ape" | "sinusoidal" | "axial" | "axial-continuous" | "none"
     gated: bool = True
     share_pe: bool = True  # one SPE code per sequence shared by all layers; each layer has its own gate
     n_realizations: int = 64  # R
     n_sines: int = 5
     kernel_size: int = 128
-    max_len: int = 2048  # only limits absolute PEs (ape, sinusoidal, axial)
+    max_len: int = 2048  # limits absolute PEs (ape, sinusoidal, axial); axial-continuous scales to it
     chunk_size: int = 128  # chunked linear attention
     # each block first adds a causal depthwise convolution over its inputs at the previous
     # `short_conv` tokens (0: none, as in models trained before it). Linear attention cannot look

@@ -13,6 +13,11 @@ positions < ``max_len``: asking for a position past it raises a
   (rows, cols) grid with cols = the power of two ≥ √max_len, and the
   embedding of p is e_row[p // cols] + e_col[p % cols] ("sum" mode) or their
   concatenation ("concat" mode, d_model split in two halves).
+* ``axial-continuous``: the same grid, but each axis's embedding is a small MLP of the axis
+  coordinate normalised to [0, 1) over max_len (as the package's
+  ``ContinuousAxialPositionalEmbedding``), so it has a value past max_len too (coordinates
+  above 1): the one absolute PE here without a length limit; whether what it gives there is of
+  any use is what benchmarks/extrapolation.py measures.
 """
 from __future__ import annotations
 
@@ -23,7 +28,7 @@ from torch import nn
 
 from spemusic.errors import SpemusicError
 
-__all__ = ["AbsolutePE", "LearnedPE", "SinusoidalPE", "AxialPE", "build_absolute_pe"]
+__all__ = ["AbsolutePE", "LearnedPE", "SinusoidalPE", "AxialPE", "ContinuousAxialPE", "build_absolute_pe"]
 
 
 class AbsolutePE(nn.Module):
@@ -106,6 +111,32 @@ class AxialPE(AbsolutePE):
         return r + c if self.mode == "sum" else torch.cat((r, c), -1)
 
 
+def _axis_mlp(d_out: int, hidden: int) -> nn.Sequential:
+    """coordinate (T, 1) -> embedding (T, d_out); the last layer starts small, as the tables do."""
+    mlp = nn.Sequential(nn.Linear(1, hidden), nn.SiLU(), nn.Linear(hidden, hidden), nn.SiLU(), nn.Linear(hidden, d_out))
+    nn.init.normal_(mlp[-1].weight, std=0.02)
+    nn.init.zeros_(mlp[-1].bias)
+    return mlp
+
+
+class ContinuousAxialPE(AxialPE):
+    kind = "axial-continuous"
+
+    def __init__(self, max_len: int, d_model: int, mode: str = "sum", hidden: int = 64):
+        super().__init__(max_len, d_model, mode)
+        d_row, d_col = self.row.shape[1], self.col.shape[1]
+        del self.row, self.col  # the tables of AxialPE: MLPs instead
+        self.row, self.col = _axis_mlp(d_row, hidden), _axis_mlp(d_col, hidden)
+
+    def check(self, start: int, length: int) -> None:
+        pass  # defined at every position (the row coordinate passes 1 beyond max_len)
+
+    def embed(self, positions):
+        coord = lambda x, n: (x.float() / n)[:, None]  # noqa: E731
+        r, c = self.row(coord(positions // self.cols, self.rows)), self.col(coord(positions % self.cols, self.cols))
+        return r + c if self.mode == "sum" else torch.cat((r, c), -1)
+
+
 def build_absolute_pe(kind: str, max_len: int, d_model: int) -> AbsolutePE:
     if kind == "ape":
         return LearnedPE(max_len, d_model)
@@ -113,4 +144,6 @@ def build_absolute_pe(kind: str, max_len: int, d_model: int) -> AbsolutePE:
         return SinusoidalPE(max_len, d_model)
     if kind == "axial":
         return AxialPE(max_len, d_model)
+    if kind == "axial-continuous":
+        return ContinuousAxialPE(max_len, d_model)
     raise SpemusicError(f"unknown absolute positional embedding {kind!r}")

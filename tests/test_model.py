@@ -48,6 +48,7 @@ PE_CASES = [
     ("ape", True, "favor"),
     ("sinusoidal", True, "favor"),
     ("axial", True, "favor"),
+    ("axial-continuous", True, "favor"),
     ("none", True, "favor"),
     ("sinespe", True, "softmax"),
     ("none", True, "softmax"),
@@ -424,8 +425,8 @@ def test_absolute_pe_refuses_past_max_len(pe):
         m.step(st, torch.zeros(1, dtype=torch.long))
 
 
-@pytest.mark.parametrize("pe", ["sinespe", "convspe"])
-def test_spe_has_no_length_limit(pe):
+@pytest.mark.parametrize("pe", ["sinespe", "convspe", "axial-continuous"])
+def test_spe_and_continuous_axial_have_no_length_limit(pe):
     m = _model(pe=pe, max_len=32)
     ids = torch.randint(0, V, (1, 100))
     with torch.no_grad():
