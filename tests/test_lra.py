@@ -11,9 +11,9 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks" / "lra"))
-import listops  # noqa: E402
-import pathfinder  # noqa: E402
-from models import MODELS, Classifier, loss_and_hits  # noqa: E402
+import listops
+import pathfinder
+from models import MODELS, Classifier, loss_and_hits
 
 
 def test_listops_labels_are_the_values_of_the_trees():

@@ -24,10 +24,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import listops  # noqa: E402
-import pathfinder  # noqa: E402
-from _errors import run_script  # noqa: E402
-from models import MODELS, Classifier, loss_and_hits  # noqa: E402
+import listops
+import pathfinder
+from models import MODELS, Classifier, loss_and_hits
+
+from _errors import run_script
 
 TASKS = {"listops": listops, "pathfinder": pathfinder}
 VOCAB = {"listops": len(listops.VOCAB), "pathfinder": pathfinder.VOCAB_SIZE}
