@@ -189,12 +189,15 @@ def accompany_check(model, tok, valid_paths, opts, seed: int) -> dict:
     annotated chord as its best template match, next to the song's own PIANO track by the same
     matcher; and whether the melody came back token for token."""
     from spemusic.accompany import hold_melody, load_melody
-    from spemusic.metrics import bar_chords, chord_match, note_grid
+    from spemusic.metrics import bar_chords, chord_match, cosine, note_grid, pitch_class_histogram
+    from spemusic.tokenizer import TEMPO, TIMESIG
 
     pop = DATA / "pop909"
     gen_hits = gen_bars = real_hits = real_bars = 0
     sung_hits = sung_bars = 0  # the bars from the melody's first on (before it, the model hears no melody)
     exact = 0
+    profiles, opened_profiles = [], []
+    opened_hits = opened_bars = 0  # accompanied from the melody's first bar, the opening bars dropped
     melody_id = tok.part_id("melody")
     for i, path in enumerate(valid_paths):
         melody = load_melody(path, tok, beats=pop / "beats" / f"{path.stem}.txt")
@@ -220,10 +223,23 @@ def accompany_check(model, tok, valid_paths, opts, seed: int) -> dict:
         h, c = chord_match(g, [None] * first + asked[first:], notes=g.prog != melody_id)
         sung_hits, sung_bars = sung_hits + h, sung_bars + c
         lo, hi = max(shift, 0), shift + bars  # the same bars of the song
-        h, c = chord_match(g_real, [None] * lo + real_chords[lo:hi], notes=g_real.prog == tok.part_id("piano"))
+        real_piano = (g_real.prog == tok.part_id("piano")) & (g_real.bar >= lo) & (g_real.bar < hi)
+        h, c = chord_match(g_real, [None] * lo + real_chords[lo:hi], notes=real_piano)
+        # the key, coarser than the chords: the accompaniment's pitch classes against the song's piano's
+        profiles.append(cosine(pitch_class_histogram(g, g.prog != melody_id), pitch_class_histogram(g_real, real_piano)))
         real_hits, real_bars = real_hits + h, real_bars + c
         mel = lambda seq: [tuple(seq[j:j + 4]) for j, t in enumerate(seq.tolist()) if t == melody_id]  # noqa: E731
         exact += mel(np.asarray(ids)) == mel(np.asarray(cut))
+        # the same melody without its opening bars: the accompaniment starts where the melody does
+        head = [t for t in cut[bar_at[0]: bar_at[1]] if t == tok.bar_id or tok.kinds[t] in (TIMESIG, TEMPO)]
+        sung = np.r_[cut[: bar_at[0]], head, cut[bar_at[first] + 1:]]
+        ids = sample(model, tok, num=1, bars=bars - first, seed=seed + 5000 + i, options=opts,
+                     parts=("melody", "bridge", "piano"), held=hold_melody(sung, tok)).ids[0]
+        g = note_grid(ids, tok)
+        h, c = chord_match(g, asked[first:], notes=g.prog != melody_id)
+        opened_hits, opened_bars = opened_hits + h, opened_bars + c
+        opened_profiles.append(cosine(pitch_class_histogram(g, g.prog != melody_id),
+                                      pitch_class_histogram(g_real, real_piano & (g_real.bar >= shift + first))))
     gen, real = gen_hits / gen_bars, real_hits / real_bars
     ok = "met" if gen >= 0.85 * real else "MISSED"
     print(f"\naccompany: {len(valid_paths)} valid songs' melodies, up to {ACCOMPANY_BARS} bars from their first: the "
@@ -233,8 +249,15 @@ def accompany_check(model, tok, valid_paths, opts, seed: int) -> dict:
           f"token for token as given in {exact} of {len(valid_paths)}")
     print(f"  of these, the bars from the melody's first note on: {sung_hits / max(sung_bars, 1):.3f} of {sung_bars} "
           f"(before it the model hears no melody and chooses a key alone)")
+    print(f"  pitch-class profile of the accompaniment against the song's PIANO over the same bars: cosine "
+          f"{np.mean(profiles):.3f} (mean of the songs; lowest {np.min(profiles):.3f})")
+    print(f"  accompanied from the melody's first bar (the bars before it dropped): chord match "
+          f"{opened_hits / max(opened_bars, 1):.3f} of {opened_bars} bars, pitch-class cosine "
+          f"{np.mean(opened_profiles):.3f} (lowest {np.min(opened_profiles):.3f})")
     return {"accompaniment_match": gen, "piano_track_match": real, "bars": gen_bars, "melody_exact": exact,
-            "songs": len(valid_paths), "match_from_melody": sung_hits / max(sung_bars, 1)}
+            "songs": len(valid_paths), "match_from_melody": sung_hits / max(sung_bars, 1),
+            "pitch_class_cosine": float(np.mean(profiles)), "match_from_first_bar": opened_hits / max(opened_bars, 1),
+            "pitch_class_cosine_from_first_bar": float(np.mean(opened_profiles))}
 
 
 def pop_piano(args, opts) -> dict:
