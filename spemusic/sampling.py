@@ -364,7 +364,11 @@ def discourage_holes(logits: torch.Tensor, states: list[GrammarState], penalty: 
     nats off each onset token (`onsets`: the Positions, then the bar line) per beat of silence it
     would leave beyond `HOLE_TOLERANCE`, silence counted from where the last note to end ends
     (`GrammarState.sounding`). The onsets' total probability is kept: whether another note comes
-    at this onset stays the model's choice; only where the next one falls is moved closer."""
+    at this onset stays the model's choice; only where the next one falls is moved closer.
+
+    Melody first, a bar's first onset is chosen before the model says whether the melody or
+    another part plays there: the melody may enter late (the other parts fill the bar after it),
+    so no penalty applies there, and a bar without melody may open on a late accompaniment onset."""
     rows = [b for b, st in enumerate(states)  # (melody_first: in the bar's other parts alone, after its melody)
             if st.sounding is not None and not st.in_melody and st.last in (NOTE_END, CHORD, BAR, TIMESIG)]
     if penalty <= 0 or not rows:
