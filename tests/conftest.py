@@ -151,3 +151,13 @@ def compiling(monkeypatch):
     with torch._dynamo.config.patch(disable=False):
         yield
     torch._dynamo.reset()
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "jax: uses JAX (runs after every other test: JAX's threads and fork)")
+
+
+def pytest_collection_modifyitems(config, items):
+    """JAX tests last: JAX starts threads, and a test that forks after them (data prepare's
+    workers) would copy a process whose locks those threads may hold."""
+    items.sort(key=lambda item: item.get_closest_marker("jax") is not None)  # stable: the rest keep their order

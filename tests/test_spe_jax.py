@@ -9,13 +9,25 @@ import numpy as np
 import pytest
 import torch
 
-if os.environ.get("CI"):  # CI installs the jax extra: a missing JAX is a failure there, not a skip
-    import jax
-else:
-    jax = pytest.importorskip("jax")
-import jax.numpy as jnp
+from spemusic import spe
 
-from spemusic import spe, spe_jax
+# JAX is imported when these tests run, and they run last (conftest.py): JAX starts threads,
+# which a later test's fork (data prepare's workers) would copy
+pytestmark = pytest.mark.jax
+jax = jnp = spe_jax = None
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _jax():
+    global jax, jnp, spe_jax
+    if os.environ.get("CI"):  # CI installs the jax extra: a missing JAX is a failure there, not a skip
+        import jax
+    else:
+        jax = pytest.importorskip("jax")
+    import jax.numpy as jnp
+
+    from spemusic import spe_jax
+
 
 H, D, R, B, T = 2, 4, 16, 2, 48
 TOL = 1e-5

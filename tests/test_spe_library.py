@@ -66,6 +66,7 @@ def test_importing_spe_pulls_no_midi_code():
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "[]"
 
 
+@pytest.mark.jax
 def test_readme_jax_example_runs():
     pytest.importorskip("jax")  # tests/test_spe_jax.py fails in CI without it
     scope: dict = {}

@@ -606,11 +606,13 @@ def test_grammar_caps_notes_per_onset(strict):
 def test_grammar_knows_where_the_sound_ends(shared_data):
     """GrammarState.sounding (where the last note to end ends, from the bar's start) says at every
     onset whether a note still sounds, as the piano roll of the same tokens does: on a real song
-    re-barred by its beat annotation (bars of several lengths, pickup, chord changes)."""
+    re-barred by its beat annotation (bars of several lengths, pickup, chord changes). In time
+    order: melody first, a melody onset cannot know the accompaniment still to come in its bar."""
     from spemusic.checkpoint import load_model
     from spemusic.metrics import note_grid, sounding
 
-    _, tok = load_model("pop-piano")
+    _, shipped = load_model("pop-piano")
+    tok = REMITokenizer(TokenizerConfig.from_dict({**shipped.config.to_dict(), "melody_first": False}))
     pop = shared_data / "pop909"
     ids = tok.encode(pop / "003.mid", beats=pop / "beats" / "003.txt", chords=pop / "chords" / "003.txt")
     grid = note_grid(ids, tok)
