@@ -98,7 +98,7 @@ def train_one(task: str, kind: str, seed: int, train, test, args) -> dict:
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
             sched.step()
-            losses.append(float(loss))
+            losses.append(loss.item())
             step += 1
             if step >= args.steps:
                 break
@@ -116,8 +116,8 @@ def main() -> None:
     ap.add_argument("--task", choices=tuple(TASKS), default="listops")
     ap.add_argument("--models", nargs="*", choices=MODELS, default=list(MODELS))
     ap.add_argument("--seeds", type=int, default=3)
-    ap.add_argument("--steps", type=int, default=600)
-    ap.add_argument("--batch-size", type=int, default=32)
+    ap.add_argument("--steps", type=int, default=500)
+    ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--train-size", type=int, default=12_000)
     ap.add_argument("--test-size", type=int, default=1_000)
