@@ -183,22 +183,45 @@ def parts(generated, continued, real, tok) -> dict:
     return means
 
 
+def _without_opening(ids: np.ndarray, tok, first: int) -> np.ndarray:
+    """A melody's tokens from its bar `first` on: the first bar's meter and tempo, then that bar."""
+    from spemusic.tokenizer import TEMPO, TIMESIG
+
+    bar_at = np.flatnonzero(ids == tok.bar_id)
+    head = [t for t in ids[bar_at[0]: bar_at[1]] if t == tok.bar_id or tok.kinds[t] in (TIMESIG, TEMPO)]
+    return np.r_[ids[: bar_at[0]], head, ids[bar_at[first] + 1:]]
+
+
 def accompany_check(model, tok, valid_paths, opts, seed: int) -> dict:
     """Accompany the real melody of each valid song (its first ACCOMPANY_BARS bars on its beats):
     how often the accompaniment alone (bridge and piano, duration-weighted) has the song's
     annotated chord as its best template match, next to the song's own PIANO track by the same
-    matcher; and whether the melody came back token for token."""
+    matcher; its pitch-class profile against that track's (the key, coarser than the chords);
+    whether the melody came back token for token. Each melody twice: as written, and from its
+    first bar on (the bars before it dropped: there the model hears no melody)."""
     from spemusic.accompany import hold_melody, load_melody
     from spemusic.metrics import bar_chords, chord_match, cosine, note_grid, pitch_class_histogram
-    from spemusic.tokenizer import TEMPO, TIMESIG
 
     pop = DATA / "pop909"
-    gen_hits = gen_bars = real_hits = real_bars = 0
-    sung_hits = sung_bars = 0  # the bars from the melody's first on (before it, the model hears no melody)
-    exact = 0
-    profiles, opened_profiles = [], []
-    opened_hits = opened_bars = 0  # accompanied from the melody's first bar, the opening bars dropped
     melody_id = tok.part_id("melody")
+    tally = {k: [0, 0] for k in ("written", "sung", "opened", "real")}  # [hits, bars counted]
+    profiles = {"written": [], "opened": []}
+    exact = 0
+
+    def take(held, bars, take_seed, real_grid, real_notes, name):
+        """Accompany `held`: its tokens and note grid; the pitch-class profile noted under `name`."""
+        ids = sample(model, tok, num=1, bars=bars, seed=take_seed, options=opts, parts=("melody", "bridge", "piano"),
+                     held=hold_melody(held, tok)).ids[0]
+        g = note_grid(ids, tok)
+        profiles[name].append(cosine(pitch_class_histogram(g, g.prog != melody_id),
+                                     pitch_class_histogram(real_grid, real_notes)))
+        return ids, g
+
+    def count(name, g, asked, notes):
+        h, c = chord_match(g, asked, notes=notes)
+        tally[name][0] += h
+        tally[name][1] += c
+
     for i, path in enumerate(valid_paths):
         melody = load_melody(path, tok, beats=pop / "beats" / f"{path.stem}.txt")
         song = tok.encode(path, beats=pop / "beats" / f"{path.stem}.txt", chords=pop / "chords" / f"{path.stem}.txt")
@@ -208,8 +231,6 @@ def accompany_check(model, tok, valid_paths, opts, seed: int) -> dict:
         end = first + ACCOMPANY_BARS
         cut = melody.ids[: bar_at[end]] if len(bar_at) > end else melody.ids
         bars = int(np.count_nonzero(cut == tok.bar_id))
-        ids = sample(model, tok, num=1, bars=bars, seed=seed + 4000 + i, options=opts, parts=("melody", "bridge", "piano"),
-                     held=hold_melody(cut, tok)).ids[0]
         # bar b of the melody alone is bar b + shift of the song: the song may open with a pickup
         # bar (its piano before the first downbeat) that its melody alone does not have
         song_bar_at = np.flatnonzero(song == tok.bar_id)
@@ -217,47 +238,37 @@ def accompany_check(model, tok, valid_paths, opts, seed: int) -> dict:
         g_real = note_grid(song, tok)
         real_chords = bar_chords(g_real)
         asked = ([None] * max(-shift, 0) + real_chords[max(shift, 0):])[:bars]
-        g = note_grid(ids, tok)
-        h, c = chord_match(g, asked, notes=g.prog != melody_id)
-        gen_hits, gen_bars = gen_hits + h, gen_bars + c
-        h, c = chord_match(g, [None] * first + asked[first:], notes=g.prog != melody_id)
-        sung_hits, sung_bars = sung_hits + h, sung_bars + c
         lo, hi = max(shift, 0), shift + bars  # the same bars of the song
         real_piano = (g_real.prog == tok.part_id("piano")) & (g_real.bar >= lo) & (g_real.bar < hi)
-        h, c = chord_match(g_real, [None] * lo + real_chords[lo:hi], notes=real_piano)
-        # the key, coarser than the chords: the accompaniment's pitch classes against the song's piano's
-        profiles.append(cosine(pitch_class_histogram(g, g.prog != melody_id), pitch_class_histogram(g_real, real_piano)))
-        real_hits, real_bars = real_hits + h, real_bars + c
+        count("real", g_real, [None] * lo + real_chords[lo:hi], real_piano)
+
+        ids, g = take(cut, bars, seed + 4000 + i, g_real, real_piano, "written")
+        count("written", g, asked, g.prog != melody_id)
+        count("sung", g, [None] * first + asked[first:], g.prog != melody_id)
         mel = lambda seq: [tuple(seq[j:j + 4]) for j, t in enumerate(seq.tolist()) if t == melody_id]  # noqa: E731
         exact += mel(np.asarray(ids)) == mel(np.asarray(cut))
-        # the same melody without its opening bars: the accompaniment starts where the melody does
-        head = [t for t in cut[bar_at[0]: bar_at[1]] if t == tok.bar_id or tok.kinds[t] in (TIMESIG, TEMPO)]
-        sung = np.r_[cut[: bar_at[0]], head, cut[bar_at[first] + 1:]]
-        ids = sample(model, tok, num=1, bars=bars - first, seed=seed + 5000 + i, options=opts,
-                     parts=("melody", "bridge", "piano"), held=hold_melody(sung, tok)).ids[0]
-        g = note_grid(ids, tok)
-        h, c = chord_match(g, asked[first:], notes=g.prog != melody_id)
-        opened_hits, opened_bars = opened_hits + h, opened_bars + c
-        opened_profiles.append(cosine(pitch_class_histogram(g, g.prog != melody_id),
-                                      pitch_class_histogram(g_real, real_piano & (g_real.bar >= shift + first))))
-    gen, real = gen_hits / gen_bars, real_hits / real_bars
+        _, g = take(_without_opening(cut, tok, first), bars - first, seed + 5000 + i, g_real,
+                    real_piano & (g_real.bar >= shift + first), "opened")
+        count("opened", g, asked[first:], g.prog != melody_id)
+
+    rate = {k: h / max(c, 1) for k, (h, c) in tally.items()}
+    gen, real = rate["written"], rate["real"]
     ok = "met" if gen >= 0.85 * real else "MISSED"
     print(f"\naccompany: {len(valid_paths)} valid songs' melodies, up to {ACCOMPANY_BARS} bars from their first: the "
-          f"song's annotated "
-          f"chord is the best template match of the accompaniment alone in {gen:.3f} of {gen_bars} bars, of the "
-          f"song's own PIANO track in {real:.3f} of {real_bars} ({gen / real:.2f}x, goal >= 0.85x, {ok}); melody "
-          f"token for token as given in {exact} of {len(valid_paths)}")
-    print(f"  of these, the bars from the melody's first note on: {sung_hits / max(sung_bars, 1):.3f} of {sung_bars} "
+          f"song's annotated chord is the best template match of the accompaniment alone in {gen:.3f} of "
+          f"{tally['written'][1]} bars, of the song's own PIANO track in {real:.3f} of {tally['real'][1]} "
+          f"({gen / real:.2f}x, goal >= 0.85x, {ok}); melody token for token as given in {exact} of {len(valid_paths)}")
+    print(f"  of these, the bars from the melody's first note on: {rate['sung']:.3f} of {tally['sung'][1]} "
           f"(before it the model hears no melody and chooses a key alone)")
     print(f"  pitch-class profile of the accompaniment against the song's PIANO over the same bars: cosine "
-          f"{np.mean(profiles):.3f} (mean of the songs; lowest {np.min(profiles):.3f})")
+          f"{np.mean(profiles['written']):.3f} (mean of the songs; lowest {np.min(profiles['written']):.3f})")
     print(f"  accompanied from the melody's first bar (the bars before it dropped): chord match "
-          f"{opened_hits / max(opened_bars, 1):.3f} of {opened_bars} bars, pitch-class cosine "
-          f"{np.mean(opened_profiles):.3f} (lowest {np.min(opened_profiles):.3f})")
-    return {"accompaniment_match": gen, "piano_track_match": real, "bars": gen_bars, "melody_exact": exact,
-            "songs": len(valid_paths), "match_from_melody": sung_hits / max(sung_bars, 1),
-            "pitch_class_cosine": float(np.mean(profiles)), "match_from_first_bar": opened_hits / max(opened_bars, 1),
-            "pitch_class_cosine_from_first_bar": float(np.mean(opened_profiles))}
+          f"{rate['opened']:.3f} of {tally['opened'][1]} bars, pitch-class cosine "
+          f"{np.mean(profiles['opened']):.3f} (lowest {np.min(profiles['opened']):.3f})")
+    return {"accompaniment_match": gen, "piano_track_match": real, "bars": tally["written"][1], "melody_exact": exact,
+            "songs": len(valid_paths), "match_from_melody": rate["sung"],
+            "pitch_class_cosine": float(np.mean(profiles["written"])), "match_from_first_bar": rate["opened"],
+            "pitch_class_cosine_from_first_bar": float(np.mean(profiles["opened"]))}
 
 
 def pop_piano(args, opts) -> dict:

@@ -388,17 +388,13 @@ class WindowSampler:
         self.piece_weights = bars / bars.sum()
         self.pitch_lo, self.pitch_hi = self.tokenizer.range("Pitch")
 
-    def window(self, seq_index: int, start: int) -> np.ndarray:
+    def window(self, seq_index: int, start: int, lead_sheet_bars: int = 0) -> np.ndarray:
+        """seq_len + 1 tokens from `start`, PAD after the piece's end; with lead_sheet_bars, the
+        first that many bars as a lead sheet (start: a bar line)."""
         out = np.full(self.seq_len + 1, self.tokenizer.pad_id, dtype=np.int64)
-        piece = self.sequences[seq_index][start: start + self.seq_len + 1]
-        out[: len(piece)] = piece
-        return out
-
-    def lead_sheet_window(self, seq_index: int, start: int, bars: int) -> np.ndarray:
-        """The window at `start` (a bar line) with its first `bars` bars as a lead sheet."""
-        out = np.full(self.seq_len + 1, self.tokenizer.pad_id, dtype=np.int64)
-        piece = self.sequences[seq_index][start: start + 2 * (self.seq_len + 1)]
-        piece = lead_sheet_bars(piece, self.tokenizer, bars)[: self.seq_len + 1]
+        piece = self.sequences[seq_index][start: start + (2 if lead_sheet_bars else 1) * (self.seq_len + 1)]
+        if lead_sheet_bars:  # (notes taken out: more of the piece may fit)
+            piece = lead_sheet(piece, self.tokenizer, lead_sheet_bars)[: self.seq_len + 1]
         out[: len(piece)] = piece
         return out
 
@@ -425,16 +421,14 @@ class WindowSampler:
         # lead sheets only inside pieces: from BOS the model still opens a song with all its parts
         lead = (rng.random(batch_size) < self.lead_sheet) & ~at_start
         bars = rng.integers(1, self.LEAD_SHEET_BARS + 1, size=batch_size)
-        batch = [self.window(pieces[i], 0) if at_start[i]
-                 else self.lead_sheet_window(*self.starts[picks[i]], bars[i]) if lead[i]
-                 else self.window(*self.starts[picks[i]])
+        batch = [self.window(pieces[i], 0) if at_start[i] else self.window(*self.starts[picks[i]], bars[i] * lead[i])
                  for i in range(batch_size)]
         if augment:
             batch = [self.transpose(w, rng) for w in batch]
         return np.stack(batch)
 
 
-def lead_sheet_bars(ids: np.ndarray, tokenizer: REMITokenizer, bars: int) -> np.ndarray:
+def lead_sheet(ids: np.ndarray, tokenizer: REMITokenizer, bars: int) -> np.ndarray:
     """`ids` (from a bar line on) with the notes of every part but the melody taken out of its first
     `bars` bars, and the Positions left empty: the melody and the chords, as a lead sheet has them.
 

@@ -99,42 +99,49 @@ class AxialPE(AbsolutePE):
         else:
             d_row = d_model // 2
             d_col = d_model - d_row
-        self.row = nn.Parameter(torch.randn(self.rows, d_row) * 0.02)
-        self.col = nn.Parameter(torch.randn(self.cols, d_col) * 0.02)
+        self.row, self.col = self.axis(self.rows, d_row), self.axis(self.cols, d_col)
+
+    def axis(self, n: int, d: int) -> nn.Parameter | nn.Module:
+        """The embedding of one axis: a table of its n indices."""
+        return nn.Parameter(torch.randn(n, d) * 0.02)
+
+    def at(self, axis, index: torch.Tensor) -> torch.Tensor:
+        return axis[index]
 
     @property
     def axial_shape(self) -> tuple[int, int]:
         return (self.rows, self.cols)
 
     def embed(self, positions):
-        r, c = self.row[positions // self.cols], self.col[positions % self.cols]
+        r, c = self.at(self.row, positions // self.cols), self.at(self.col, positions % self.cols)
         return r + c if self.mode == "sum" else torch.cat((r, c), -1)
 
 
-def _axis_mlp(d_out: int, hidden: int) -> nn.Sequential:
-    """coordinate (T, 1) -> embedding (T, d_out); the last layer starts small, as the tables do."""
-    mlp = nn.Sequential(nn.Linear(1, hidden), nn.SiLU(), nn.Linear(hidden, hidden), nn.SiLU(), nn.Linear(hidden, d_out))
-    nn.init.normal_(mlp[-1].weight, std=0.02)
-    nn.init.zeros_(mlp[-1].bias)
-    return mlp
+class _AxisMLP(nn.Sequential):
+    """An axis's index -> its coordinate normalised by the axis length -> a small MLP; the last
+    layer starts small, as the tables do."""
+
+    def __init__(self, n: int, d: int, hidden: int = 64):
+        super().__init__(nn.Linear(1, hidden), nn.SiLU(), nn.Linear(hidden, hidden), nn.SiLU(), nn.Linear(hidden, d))
+        self.n = n
+        nn.init.normal_(self[-1].weight, std=0.02)
+        nn.init.zeros_(self[-1].bias)
+
+    def forward(self, index: torch.Tensor) -> torch.Tensor:
+        return super().forward((index.float() / self.n)[:, None])
 
 
 class ContinuousAxialPE(AxialPE):
     kind = "axial-continuous"
 
-    def __init__(self, max_len: int, d_model: int, mode: str = "sum", hidden: int = 64):
-        super().__init__(max_len, d_model, mode)
-        d_row, d_col = self.row.shape[1], self.col.shape[1]
-        del self.row, self.col  # the tables of AxialPE: MLPs instead
-        self.row, self.col = _axis_mlp(d_row, hidden), _axis_mlp(d_col, hidden)
+    def axis(self, n: int, d: int) -> nn.Module:
+        return _AxisMLP(n, d)
+
+    def at(self, axis, index: torch.Tensor) -> torch.Tensor:
+        return axis(index)
 
     def check(self, start: int, length: int) -> None:
         pass  # defined at every position (the row coordinate passes 1 beyond max_len)
-
-    def embed(self, positions):
-        coord = lambda x, n: (x.float() / n)[:, None]  # noqa: E731
-        r, c = self.row(coord(positions // self.cols, self.rows)), self.col(coord(positions % self.cols, self.cols))
-        return r + c if self.mode == "sum" else torch.cat((r, c), -1)
 
 
 def build_absolute_pe(kind: str, max_len: int, d_model: int) -> AbsolutePE:

@@ -450,23 +450,21 @@ class SPEFilter(nn.Module):
         """One position (recurrent decoding): q, k (B, H, D) and code_t = [Q̄_t; K̄_t] (2, H, D, R)
         from the generator's ``code_at`` -> q̂_t, k̂_t (B, H, R). eps: the code's ε, for a gated
         filter (``code.eps``)."""
-        qbar, kbar = code_t[0], code_t[1]
-        if self.gated:
-            if eps is None:
-                raise ValueError("a gated SPEFilter needs the code's eps")
-            g = torch.sigmoid(self.gate)[..., None]
-            qbar = torch.sqrt(1 - g) * qbar + torch.sqrt(g) * eps
-            kbar = torch.sqrt(1 - g) * kbar + torch.sqrt(g) * eps
+        if self.gated and eps is None:
+            raise ValueError("a gated SPEFilter needs the code's eps")
+        qbar, kbar = self._gated(code_t[0], code_t[1], eps)
         return torch.einsum("bhd,hdr->bhr", q, qbar), torch.einsum("bhd,hdr->bhr", k, kbar)
 
     def code(self, ctx) -> tuple[torch.Tensor, torch.Tensor]:
         """The effective (gated) codes Q̄', K̄' as (T, H, D, R) (for tests/inspection)."""
-        qbar, kbar = ctx.codes()
-        if self.gated:
-            g = torch.sigmoid(self.gate)[..., None]
-            qbar = torch.sqrt(1 - g) * qbar + torch.sqrt(g) * ctx.eps
-            kbar = torch.sqrt(1 - g) * kbar + torch.sqrt(g) * ctx.eps
-        return qbar, kbar
+        return self._gated(*ctx.codes(), ctx.eps)
+
+    def _gated(self, qbar: torch.Tensor, kbar: torch.Tensor, eps) -> tuple[torch.Tensor, torch.Tensor]:
+        """Q̄' = √(1-g) Q̄ + √g ε, and K̄' alike (ungated: the codes as they are)."""
+        if not self.gated:
+            return qbar, kbar
+        g = torch.sigmoid(self.gate)[..., None]
+        return torch.sqrt(1 - g) * qbar + torch.sqrt(g) * eps, torch.sqrt(1 - g) * kbar + torch.sqrt(g) * eps
 
 
 class SPECodes(nn.ModuleList):

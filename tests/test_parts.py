@@ -243,8 +243,8 @@ def test_accompany_on_beats_writes_the_annotated_bars(tmp_path):
 
 
 @pytest.mark.parametrize("order", ["time", "melody_first"])
-def test_lead_sheet_bars_keep_the_melody_and_the_chords(shared_data, order):
-    from spemusic.data import lead_sheet_bars
+def test_lead_sheet_keeps_the_melody_and_the_chords(shared_data, order):
+    from spemusic.data import lead_sheet
     from spemusic.tokenizer import CHORD, PROGRAM
 
     tok = {"time": PARTS_TOK, "melody_first": MELODY_FIRST_TOK}[order]
@@ -252,7 +252,7 @@ def test_lead_sheet_bars_keep_the_melody_and_the_chords(shared_data, order):
     ids = tok.encode(d / "001.mid", beats=d / "beats" / "001.txt", chords=d / "chords" / "001.txt").astype(np.int64)
     bar_at = np.flatnonzero(ids == tok.bar_id)
     start, bars = bar_at[6], 5
-    lead = lead_sheet_bars(ids[start:], tok, bars)
+    lead = lead_sheet(ids[start:], tok, bars)
     assert REMIGrammar(tok).is_valid(np.r_[ids[:start], lead])
     cut = np.flatnonzero(lead == tok.bar_id)[bars]
     head, rest = lead[:cut], lead[cut:]
