@@ -108,7 +108,7 @@ def evaluate_nll(model: Performer, tokenizer: REMITokenizer, data: Path, split: 
     continuous cache of each piece's own hidden states (spemusic.cache)."""
     if max_len < 1 or bucket < 1:
         raise OptionError("{max_len} and {bucket} must be positive")
-    if model.cfg.has_absolute_pe and max_len > model.cfg.max_len:
+    if model.cfg.length_limited and max_len > model.cfg.max_len:
         raise OptionError("{name}: absolute positional encoding limited to {limit} tokens; use {max_len} {limit} or less",
                           name=name, limit=model.cfg.max_len)
     dataset = open_dataset(Path(data), tokenizer.config, beats_dir=beats_dir, chords_dir=chords_dir)

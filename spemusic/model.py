@@ -43,6 +43,7 @@ from spemusic.fused import gelu_linear, norm_linear
 from spemusic.options import (  # noqa: F401  (re-exported: the configs' choices)
     ABSOLUTE_PE_OPTIONS,
     ATTENTION_OPTIONS,
+    LENGTH_LIMITED_PE_OPTIONS,
     MODEL_PRESETS,
     PE_OPTIONS,
     PRESETS,
@@ -154,6 +155,11 @@ class ModelConfig:
     @property
     def has_absolute_pe(self) -> bool:
         return self.pe in ABSOLUTE_PE_OPTIONS
+
+    @property
+    def length_limited(self) -> bool:
+        """Its positional encoding has no value past max_len."""
+        return self.pe in LENGTH_LIMITED_PE_OPTIONS
 
     @classmethod
     def preset(cls, name: str, **overrides) -> ModelConfig:

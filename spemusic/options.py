@@ -11,8 +11,8 @@ from .errors import OptionError, SpemusicError
 
 PE_OPTIONS = ("sinespe", "convspe", "ape", "sinusoidal", "axial", "axial-continuous", "none")
 SPE_OPTIONS = ("sinespe", "convspe")
-ABSOLUTE_PE_OPTIONS = ("ape", "sinusoidal", "axial", "axial-continuous")  # added to the embeddings; all but
-# axial-continuous are limited to max_len positions
+ABSOLUTE_PE_OPTIONS = ("ape", "sinusoidal", "axial", "axial-continuous")  # added to the embeddings
+LENGTH_LIMITED_PE_OPTIONS = ("ape", "sinusoidal", "axial")  # defined up to max_len positions only
 ATTENTION_OPTIONS = ("favor", "softmax")
 
 MODEL_PRESETS = {  # model sizes by name: ModelConfig.preset(name, vocab_size=…)

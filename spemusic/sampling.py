@@ -467,7 +467,7 @@ def chords_in_force(ids: torch.Tensor, tokenizer: REMITokenizer) -> torch.Tensor
 def _check_absolute_pe_reach(model: Performer, prompt_len: int, length: int | None) -> None:
     """A model with an absolute positional encoding cannot go past the length it has positions for."""
     total = prompt_len + (length if length is not None else 10**9)
-    if model.cfg.has_absolute_pe and length is not None and total > model.cfg.max_len:
+    if model.cfg.length_limited and length is not None and total > model.cfg.max_len:
         need = ("the prompt's {prompt} tokens and {length} {n} need {total}" if prompt_len > 1
                 else "{length} {n} needs {total} with the start token")
         raise OptionError("this model uses an absolute positional encoding limited to {limit} tokens; " + need,

@@ -425,6 +425,15 @@ def test_absolute_pe_refuses_past_max_len(pe):
         m.step(st, torch.zeros(1, dtype=torch.long))
 
 
+def test_only_table_encodings_limit_generation_and_eval():
+    """generate and eval refuse lengths past max_len for the encodings that stop there (sampling,
+    evaluate: ModelConfig.length_limited), not for the continuous axial one."""
+    from spemusic.model import ModelConfig
+
+    assert [pe for pe in ("ape", "sinusoidal", "axial", "axial-continuous", "sinespe", "convspe", "none")
+            if ModelConfig(pe=pe).length_limited] == ["ape", "sinusoidal", "axial"]
+
+
 @pytest.mark.parametrize("pe", ["sinespe", "convspe", "axial-continuous"])
 def test_spe_and_continuous_axial_have_no_length_limit(pe):
     m = _model(pe=pe, max_len=32)
