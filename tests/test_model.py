@@ -431,7 +431,7 @@ def test_only_table_encodings_limit_generation_and_eval():
     from spemusic.model import ModelConfig
 
     assert [pe for pe in ("ape", "sinusoidal", "axial", "axial-continuous", "sinespe", "convspe", "none")
-            if ModelConfig(pe=pe).length_limited] == ["ape", "sinusoidal", "axial"]
+            if ModelConfig(vocab_size=8, pe=pe).length_limited] == ["ape", "sinusoidal", "axial"]
 
 
 @pytest.mark.parametrize("pe", ["sinespe", "convspe", "axial-continuous"])
