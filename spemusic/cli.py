@@ -437,6 +437,9 @@ def data_prepare(
                                "(tracks named MELODY, BRIDGE, PIANO, as in POP909)."),
     melody_first: bool = typer.Option(False, "--melody-first/--no-melody-first", help="With --parts: each bar's "
                                       "melody before the other parts."),
+    chord_every_bar: bool = typer.Option(False, "--chord-every-bar/--no-chord-every-bar", help="With "
+                                         "--melody-first and --chords: each bar's other parts open on the chord "
+                                         "in force there."),
 ):
     """Tokenize a MIDI collection into a compact cache with train/valid/test splits.
 
@@ -454,7 +457,8 @@ def data_prepare(
                    TimeElapsedColumn(), TimeRemainingColumn()) as progress:
         t0 = time.perf_counter()
         cache, reused = prepare(midi_dir, output, TokenizerConfig(chords=chords is not None, parts=parts,
-                                                              melody_first=melody_first),
+                                                              melody_first=melody_first,
+                                                              chord_every_bar=chord_every_bar),
                                 split_csv=split_csv, workers=workers or None, progress=progress,
                                 beats_dir=beats, chords_dir=chords)
         wall = time.perf_counter() - t0
@@ -548,6 +552,9 @@ TRAIN_OPTIONS = {
               "POP909); an --init-from model without them gets them in its vocabulary.")),
     "melody_first": ("Data", ("With --parts, write each bar's melody before the other parts, so the accompaniment "
                      "and its chords see the whole bar's melody (an --init-from model may switch to it).")),
+    "chord_every_bar": ("Data", ("With --melody-first and chords, open each bar's other parts on the chord in "
+                        "force there, so the model names every bar's harmony after hearing its melody (an "
+                        "--init-from model may switch to it).")),
     "lead_sheet": ("Data", ("With parts: this share of the training windows has its first 1 to 8 bars as a lead "
                    "sheet (the melody and the chords, no other part), so the model learns to accompany a melody it "
                    "is given.")),
@@ -621,6 +628,7 @@ def train(
     chords: Path | None = _train_option("chords", "--chords"),
     parts: bool | None = _train_option("parts", "--parts/--no-parts"),
     melody_first: bool | None = _train_option("melody_first", "--melody-first/--no-melody-first"),
+    chord_every_bar: bool | None = _train_option("chord_every_bar", "--chord-every-bar/--no-chord-every-bar"),
     lead_sheet: float | None = _train_option("lead_sheet", "--lead-sheet"),
     output: Path | None = typer.Option(None, "-o", "--output", rich_help_panel="Run",
                                           help="Run folder: checkpoints, metrics.jsonl."),

@@ -365,7 +365,7 @@ class WindowSampler:
 
     PIECE_START_SHARE = 0.1
 
-    LEAD_SHEET_BARS = 8  # a lead-sheet window's melody-only opening: 1 to this many bars
+    LEAD_SHEET_BARS = 32  # a lead-sheet window's melody-only opening: 1 to this many bars
 
     def __init__(self, cache: TokenCache, split: str, seq_len: int, max_transpose: int = 6,
                  lead_sheet: float = 0.0):

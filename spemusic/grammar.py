@@ -6,7 +6,8 @@ because the grammar is exactly what the tokenizer writes, re-tokenizes to itself
     BOS  (Bar [TimeSig] (Position [Chord] [Tempo] (Program Pitch Velocity [Duration])* )* )*  EOS
 
 - a Position holds at least one note, unless it holds a Chord (a chord change between onsets);
-  a Chord differs from the one in force, and the last Position of a piece has notes;
+  a Chord differs from the one in force (but with chord_every_bar, the one that opens a bar's other
+  parts at Position_0 may repeat it), and the last Position of a piece has notes;
 
 - TimeSig right after the first Bar (required) and after a later Bar only when it changes;
 - Position strictly increasing inside a bar and inside the bar's length;
@@ -91,6 +92,7 @@ class REMIGrammar:
         self.duration_steps = tokenizer.duration_steps
         self.melody_first = tokenizer.config.melody_first
         self.melody = tokenizer.part_id("melody") if tokenizer.config.parts else -1
+        self.chord_every_bar = tokenizer.config.chord_every_bar
 
     def allowed(self, st: GrammarState, allow_eos: bool = True, allow_bar: bool = True) -> np.ndarray:
         m = np.zeros(self.V, dtype=bool)
@@ -175,7 +177,7 @@ class REMIGrammar:
                     m[self.melody] = False
         elif last == POSITION:
             m[self.chord_lo:self.chord_hi] = True
-            if st.chord >= 0:
+            if st.chord >= 0 and not (self.chord_every_bar and st.pos == 0):  # (the bar's chord, even unchanged)
                 m[st.chord] = False
             m[self.prog_lo:self.prog_hi] = True
             if not melody_onset:

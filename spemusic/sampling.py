@@ -262,7 +262,7 @@ def _force_chord_after_melody(mask: np.ndarray, st: GrammarState, chord: int, gr
         if st.last == NOTE_END:  # the other parts' sweep opens on Position_0, not later
             mask[grammar.pos_lo + 1: grammar.pos_lo + st.pos + 1] = False
     elif st.last == POSITION and st.pos == 0:
-        if chord != st.chord:  # the chord, or (still in the melody's sweep) a melody note first
+        if chord != st.chord or grammar.chord_every_bar:  # the chord, or (in the melody's sweep) a melody note first
             mask[:] = False
             mask[chord] = True
             mask[grammar.melody] = melody_sweep

@@ -53,7 +53,10 @@ bar's beginning, with the ``Chord`` tokens. So every note of the accompaniment, 
 change, comes after the whole bar's melody: the accompaniment and its harmony see it, and the
 melody's notes follow each other in the stream with nothing between them. The other parts'
 sweep begins at a Position at or before the melody's last one, or at any Position whose first
-token is a Chord or a note of another part.
+token is a Chord or a note of another part. With ``chord_every_bar`` (and chord annotations) that
+sweep always opens on ``Position_0 Chord_x``, the chord in force at the bar line even when it does
+not change there (``N`` before the first change): the model names each bar's harmony right after
+hearing its melody, which is what ``accompany`` asks of it.
 
 Timing rules
 ------------
@@ -128,7 +131,7 @@ import numpy as np
 import symusic
 
 from spemusic.beats import BeatMap, Beats, TempoMap, read_beats
-from spemusic.chords import CHORD_NAMES, read_chords
+from spemusic.chords import CHORD_NAMES, NO_CHORD, read_chords
 from spemusic.errors import ConfigError, MidiError
 from spemusic.files import check_input_file, write_atomically
 
@@ -245,6 +248,7 @@ class TokenizerConfig:
     chords: bool = False  # Chord_<root>:<quality> tokens (appended to the vocabulary)
     parts: bool = False  # Program_melody / _bridge / _piano for tracks named so (after Program_drums)
     melody_first: bool = False  # with parts: each bar's melody, then the other parts; the tempo per bar
+    chord_every_bar: bool = False  # with chords and melody_first: each bar's other parts open on the chord in force
 
     def __post_init__(self) -> None:
         # types and ranges first: the metadata of a checkpoint from elsewhere lands here, and a
@@ -257,11 +261,13 @@ class TokenizerConfig:
             val = getattr(self, name)
             if isinstance(val, bool) or not isinstance(val, (int, float)) or not 1.0 <= val <= 10_000.0:
                 raise ConfigError(f"tokenizer config: {name} must be a number of BPM in 1 … 10,000, not {val!r}")
-        for name in ("chords", "parts", "melody_first"):
+        for name in ("chords", "parts", "melody_first", "chord_every_bar"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"tokenizer config: {name} must be true or false, not {getattr(self, name)!r}")
         if self.melody_first and not self.parts:
             raise ConfigError("tokenizer config: melody_first needs parts")
+        if self.chord_every_bar and not (self.chords and self.melody_first):
+            raise ConfigError("tokenizer config: chord_every_bar needs chords and melody_first")
         if not self.tempo_min <= self.tempo_max:
             raise ConfigError("tokenizer config: tempo_min must not be above tempo_max")
         if self.num_tempo_bins > 1 and not self.tempo_min < self.tempo_max:
@@ -292,7 +298,7 @@ class TokenizerConfig:
     def to_dict(self) -> dict:
         d = asdict(self)
         d["time_signatures"] = [list(t) for t in self.time_signatures]
-        for name in ("chords", "parts", "melody_first"):  # configs without them keep the fingerprint they had before they existed
+        for name in ("chords", "parts", "melody_first", "chord_every_bar"):  # configs without them keep the fingerprint they had before they existed
             if not d[name]:
                 del d[name]
         return d
@@ -525,11 +531,13 @@ class _Parsed:
                  "chord_marks", "warnings")
 
 
-def _onsets_with_chords(onsets: np.ndarray, chord_steps, last_step: int) -> tuple[np.ndarray, np.ndarray | None]:
+def _onsets_with_chords(onsets: np.ndarray, chord_steps, last_step: int, bar_starts: np.ndarray | None = None,
+                        no_chord: int = -1) -> tuple[np.ndarray, np.ndarray | None]:
     """The grid steps that open a Position: every note onset, and every chord change up to the last
     onset (a Position may hold only a Chord). With the Chord index at each (-1: no change there),
     or None without chord annotations. Several changes at one step: the last wins; a change to
-    the chord already in force is none."""
+    the chord already in force is none. With `bar_starts` (chord_every_bar) every bar line also
+    states the chord in force there (`no_chord` before the first change)."""
     if chord_steps is None:
         return onsets, None
     cs, ci = chord_steps
@@ -537,7 +545,16 @@ def _onsets_with_chords(onsets: np.ndarray, chord_steps, last_step: int) -> tupl
     cs, ci = cs[keep], ci[keep]
     last_of_step = np.r_[cs[1:] != cs[:-1], True] if len(cs) else np.zeros(0, bool)
     cs, ci = cs[last_of_step], ci[last_of_step]
-    change = np.r_[True, ci[1:] != ci[:-1]] if len(ci) else np.zeros(0, bool)
+    stated = np.zeros(len(cs), bool)  # always written (bar lines), even when the chord does not change
+    if bar_starts is not None:
+        k = np.searchsorted(cs, bar_starts, side="right") - 1
+        in_force = np.where(k >= 0, ci[np.maximum(k, 0)] if len(ci) else no_chord, no_chord)
+        inside = ~np.isin(cs, bar_starts)
+        cs, ci = np.r_[cs[inside], bar_starts], np.r_[ci[inside], in_force]
+        stated = np.r_[np.zeros(int(inside.sum()), bool), np.ones(len(bar_starts), bool)]
+        order = np.argsort(cs, kind="stable")
+        cs, ci, stated = cs[order], ci[order], stated[order]
+    change = (np.r_[True, ci[1:] != ci[:-1]] | stated) if len(ci) else np.zeros(0, bool)
     cs, ci = cs[change], ci[change]
     steps = np.union1d(onsets, cs)
     chord_at = np.full(len(steps), -1, dtype=np.int64)
@@ -1073,7 +1090,9 @@ class REMITokenizer:
         chord_at = None
         if chord_steps is not None:
             melody_only = u_step[u_sweep == 0]
-            steps1, chords1 = _onsets_with_chords(u_step[u_sweep == 1], chord_steps, last_step)
+            steps1, chords1 = _onsets_with_chords(u_step[u_sweep == 1], chord_steps, last_step,
+                                                  bar_start if cfg.chord_every_bar else None,
+                                                  self._chord_index[NO_CHORD])
             u_step = np.concatenate((melody_only, steps1))
             u_sweep = np.r_[np.zeros(len(melody_only), np.int64), np.ones(len(steps1), np.int64)]
             chord_at = np.r_[np.full(len(melody_only), -1, np.int64), chords1]
@@ -1215,7 +1234,7 @@ class REMITokenizer:
                     tempos[-1] = (onset, t)
                 elif not tempos or tempos[-1][1] != t:
                     tempos.append((onset, t))
-            elif k == CHORD:
+            elif k == CHORD and (not chords or chords[-1][1] != vals[i]):  # a marker at each change
                 chords.append((onset, vals[i]))
             elif k == EOS:
                 break

@@ -401,10 +401,14 @@ def _starting_point(run: Run) -> tuple[TokenizerConfig, Performer | None]:
         if cfg.parts and not base_tokenizer.config.parts:  # the parts join the model's vocabulary
             wider = REMITokenizer(replace(base_tokenizer.config, parts=True, melody_first=cfg.melody_first))
             return wider.config, with_vocabulary(base_model, base_tokenizer, wider, PART_ROWS_LIKE)
-        if cfg.melody_first and not base_tokenizer.config.melody_first:  # the same tokens in another order
-            return replace(base_tokenizer.config, melody_first=True), base_model
-        return base_tokenizer.config, base_model
-    return TokenizerConfig(chords=bool(cfg.chords), parts=cfg.parts, melody_first=cfg.melody_first), None
+        config = base_tokenizer.config
+        if cfg.melody_first and not config.melody_first:  # the same tokens in another order
+            config = replace(config, melody_first=True)
+        if cfg.chord_every_bar and not config.chord_every_bar:  # the same tokens, a chord on every bar
+            config = replace(config, chord_every_bar=True)
+        return config, base_model
+    return TokenizerConfig(chords=bool(cfg.chords), parts=cfg.parts, melody_first=cfg.melody_first,
+                           chord_every_bar=cfg.chord_every_bar), None
 
 
 def _open_cache(cfg: TrainConfig, tok_cfg: TokenizerConfig, world: int, is_main: bool) -> TokenCache:

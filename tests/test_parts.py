@@ -13,6 +13,7 @@ from spemusic.tokenizer import REMITokenizer, TokenizerConfig
 
 PARTS_TOK = REMITokenizer(TokenizerConfig(chords=True, parts=True))
 MELODY_FIRST_TOK = REMITokenizer(TokenizerConfig(chords=True, parts=True, melody_first=True))
+BAR_CHORDS_TOK = REMITokenizer(TokenizerConfig(chords=True, parts=True, melody_first=True, chord_every_bar=True))
 
 
 def write_tracks(path, tracks, ticks_per_beat=480):
@@ -34,10 +35,10 @@ MELODY = [(72, 0, 1, 90), (74, 1, 1, 90), (76, 2, 2, 95), (77, 4, 1.5, 90), (76,
 
 
 @pytest.mark.parametrize("song", ["001", "123", "456", "809"])
-@pytest.mark.parametrize("order", ["time", "melody_first"])
+@pytest.mark.parametrize("order", ["time", "melody_first", "chord_every_bar"])
 def test_pop909_parts_round_trip(shared_data, song, order):
     d = shared_data / "pop909"
-    PARTS_TOK = {"time": globals()["PARTS_TOK"], "melody_first": MELODY_FIRST_TOK}[order]
+    PARTS_TOK = {"time": globals()["PARTS_TOK"], "melody_first": MELODY_FIRST_TOK, "chord_every_bar": BAR_CHORDS_TOK}[order]
     ids = PARTS_TOK.encode(d / f"{song}.mid", beats=d / "beats" / f"{song}.txt", chords=d / "chords" / f"{song}.txt")
     assert REMIGrammar(PARTS_TOK).is_valid(ids)
     score = PARTS_TOK.decode_to_score(ids, overlaps="layers")
@@ -82,6 +83,41 @@ def test_melody_first_writes_each_bars_melody_before_the_other_parts(shared_data
             assert kind != CHORD or not st.in_melody
             assert kind != TEMPO or st.pos == -1
         assert restarts > 0
+
+
+def test_chord_every_bar_opens_each_bars_other_parts_on_its_chord(shared_data):
+    """chord_every_bar: the melody_first stream, plus Position_0 and the chord in force (N before
+    the first change) where a bar's other parts begin; the same notes and the same chord changes."""
+    from spemusic.tokenizer import BAR, CHORD, POSITION
+
+    d = shared_data / "pop909"
+    grammar = REMIGrammar(BAR_CHORDS_TOK)
+    melody, pos0 = BAR_CHORDS_TOK.part_id("melody"), BAR_CHORDS_TOK.range("Position")[0]
+    for song in sorted(d.glob("*.mid"))[::40]:
+        kw = dict(beats=d / "beats" / f"{song.stem}.txt", chords=d / "chords" / f"{song.stem}.txt")
+        ids, plain = BAR_CHORDS_TOK.encode(song, **kw), MELODY_FIRST_TOK.encode(song, **kw)
+        assert grammar.is_valid(ids), song.name
+        both = [tok.decode_to_score(x, overlaps="layers") for tok, x in ((BAR_CHORDS_TOK, ids), (MELODY_FIRST_TOK, plain))]
+        assert notes_by_track(both[0]) == notes_by_track(both[1])
+        marks = [[(m.time, m.text) for m in score.markers] for score in both]
+        assert marks[0] == marks[1] or (marks[0][1:] == marks[1] and marks[0][0] == (0, "N.C."))  # (N at the start)
+        kinds = BAR_CHORDS_TOK.kinds[ids]
+        bars = np.flatnonzero(kinds == BAR)
+        for a, b in zip(bars, np.r_[bars[1:], len(ids) - 1]):
+            bar = ids[a:b]
+            # the first Position_0 followed by a Chord, after the bar's melody notes alone
+            opens = [i for i in range(len(bar) - 1) if bar[i] == pos0 and kinds[a + i + 1] == CHORD]
+            assert opens, f"{song.name}: a bar without its chord"
+            before = bar[: opens[0]]
+            assert not np.isin(before, [p for p in range(*BAR_CHORDS_TOK.range("Program")) if p != melody]).any()
+            assert all(kinds[a + i] != POSITION or bar[i + 1] == melody for i in range(opens[0]))
+
+
+def test_chord_every_bar_needs_melody_first_and_chords():
+    with pytest.raises(ConfigError, match="chord_every_bar needs chords and melody_first"):
+        TokenizerConfig(chords=True, parts=True, chord_every_bar=True)
+    with pytest.raises(ConfigError, match="chord_every_bar needs chords and melody_first"):
+        TokenizerConfig(parts=True, melody_first=True, chord_every_bar=True)
 
 
 def test_melody_first_samples_follow_the_grammar(shared_data):
