@@ -298,7 +298,8 @@ class TokenizerConfig:
     def to_dict(self) -> dict:
         d = asdict(self)
         d["time_signatures"] = [list(t) for t in self.time_signatures]
-        for name in ("chords", "parts", "melody_first", "chord_every_bar"):  # configs without them keep the fingerprint they had before they existed
+        # configs without them keep the fingerprint they had before they existed
+        for name in ("chords", "parts", "melody_first", "chord_every_bar"):
             if not d[name]:
                 del d[name]
         return d
