@@ -200,21 +200,24 @@ def accompany_check(model, tok, valid_paths, opts, seed: int) -> dict:
     whether the melody came back token for token. Each melody twice: as written, and from its
     first bar on (the bars before it dropped: there the model hears no melody)."""
     from spemusic.accompany import hold_melody, load_melody
-    from spemusic.metrics import bar_chords, chord_match, cosine, note_grid, pitch_class_histogram
+    from spemusic.metrics import bar_chords, chord_match, cosine, melody_clashes, note_grid, pitch_class_histogram
 
     pop = DATA / "pop909"
     melody_id = tok.part_id("melody")
     tally = {k: [0, 0] for k in ("written", "sung", "opened", "real")}  # [hits, bars counted]
     profiles = {"written": [], "opened": []}
+    clashes = {"written": [], "opened": [], "real": []}  # share of the melody's time a semitone off the rest
     exact = 0
 
     def take(held, bars, take_seed, real_grid, real_notes, name):
-        """Accompany `held`: its tokens and note grid; the pitch-class profile noted under `name`."""
+        """Accompany `held`: its tokens and note grid; the pitch-class profile and the melody's
+        clashes noted under `name`."""
         ids = sample(model, tok, num=1, bars=bars, seed=take_seed, options=opts, parts=("melody", "bridge", "piano"),
                      held=hold_melody(held, tok)).ids[0]
         g = note_grid(ids, tok)
         profiles[name].append(cosine(pitch_class_histogram(g, g.prog != melody_id),
                                      pitch_class_histogram(real_grid, real_notes)))
+        clashes[name].append(melody_clashes(g, g.prog == melody_id))
         return ids, g
 
     def count(name, g, asked, notes):
@@ -241,6 +244,9 @@ def accompany_check(model, tok, valid_paths, opts, seed: int) -> dict:
         lo, hi = max(shift, 0), shift + bars  # the same bars of the song
         real_piano = (g_real.prog == tok.part_id("piano")) & (g_real.bar >= lo) & (g_real.bar < hi)
         count("real", g_real, [None] * lo + real_chords[lo:hi], real_piano)
+        in_bars = (g_real.bar >= lo) & (g_real.bar < hi)
+        clashes["real"].append(melody_clashes(g_real, (g_real.prog == melody_id) & in_bars,
+                                              (g_real.prog != melody_id) & in_bars))
 
         ids, g = take(cut, bars, seed + 4000 + i, g_real, real_piano, "written")
         count("written", g, asked, g.prog != melody_id)
@@ -265,7 +271,13 @@ def accompany_check(model, tok, valid_paths, opts, seed: int) -> dict:
     print(f"  accompanied from the melody's first bar (the bars before it dropped): chord match "
           f"{rate['opened']:.3f} of {tally['opened'][1]} bars, pitch-class cosine "
           f"{np.mean(profiles['opened']):.3f} (lowest {np.min(profiles['opened']):.3f})")
-    return {"accompaniment_match": gen, "piano_track_match": real, "bars": tally["written"][1], "melody_exact": exact,
+    print(f"  the melody a semitone off the accompaniment (share of its sounding time): "
+          f"{np.nanmean(clashes['written']):.3f} as written, {np.nanmean(clashes['opened']):.3f} from the melody's first bar, "
+          f"{np.nanmean(clashes['real']):.3f} in the songs (their MELODY against their BRIDGE and PIANO, same bars)")
+    return {"melody_clashes": float(np.nanmean(clashes["written"])),
+            "melody_clashes_from_first_bar": float(np.nanmean(clashes["opened"])),
+            "melody_clashes_real": float(np.nanmean(clashes["real"])),
+            "accompaniment_match": gen, "piano_track_match": real, "bars": tally["written"][1], "melody_exact": exact,
             "songs": len(valid_paths), "match_from_melody": rate["sung"],
             "pitch_class_cosine": float(np.mean(profiles["written"])), "match_from_first_bar": rate["opened"],
             "pitch_class_cosine_from_first_bar": float(np.mean(profiles["opened"]))}

@@ -1,7 +1,7 @@
 """Piano rolls of a POP909 song's first bars and of pop-piano's accompaniment of its melody,
 one above the other, for the README (16 bars at most of one song may be shown, credited).
 
-    python benchmarks/pianoroll_accompany.py [--song 001] [--bars 16] [--seed 1]
+    python benchmarks/pianoroll_accompany.py [--song 001] [--bars 16] [--seed 1] [--model pop-piano] [--out benchmarks/results]
 """
 
 from __future__ import annotations
@@ -26,11 +26,13 @@ def main() -> None:
     ap.add_argument("--song", default="001")
     ap.add_argument("--bars", type=int, default=16)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--model", default="pop-piano")
+    ap.add_argument("--out", type=Path, default=OUT, help="folder of the pictures")
     args = ap.parse_args()
     from spemusic.checkpoint import load_model
     from spemusic.sampling import SamplingOptions
 
-    model, tok, info = load_model("pop-piano", return_info=True)
+    model, tok, info = load_model(args.model, return_info=True)
     opts = SamplingOptions.for_model(info.get("name"))  # accompany's defaults
     beats = DATA / "beats" / f"{args.song}.txt"
     melody = load_melody(DATA / f"{args.song}.mid", tok, beats=beats)
@@ -45,8 +47,8 @@ def main() -> None:
     for name, seq, title in ((f"pianoroll_pop909_{args.song}.png", song, f"POP909 song {args.song} (MIT)"),
                              (f"pianoroll_accompany_{args.song}.png", ids,
                               f"pop-piano accompanying song {args.song}'s melody, seed {args.seed}")):
-        (OUT / name).write_bytes(render(tok.decode_to_score(seq), ".png", bars=shown, title=title))
-        print(f"wrote {OUT / name} (bars {shown[0]}-{shown[1]})")
+        (args.out / name).write_bytes(render(tok.decode_to_score(seq), ".png", bars=shown, title=title))
+        print(f"wrote {args.out / name} (bars {shown[0]}-{shown[1]})")
 
 
 if __name__ == "__main__":

@@ -132,6 +132,29 @@ def pitch_class_histogram(g: NoteGrid, sel: np.ndarray | None = None) -> np.ndar
     return np.bincount(g.pitch[sel] % 12, weights=np.maximum(g.dur[sel], 1), minlength=12).astype(float)
 
 
+def melody_clashes(g: NoteGrid, melody: np.ndarray, accompaniment: np.ndarray | None = None) -> float:
+    """Share of the melody's sounding time (grid steps, duration-weighted) in which a note of the
+    other parts sounds a semitone (or a major seventh, or a minor ninth) away from it: the wrong
+    notes a listener hears between a tune and its accompaniment. NaN without melody.
+    `melody`, `accompaniment`: masks of the notes (default: every pitched note not of the melody)."""
+    total = int(g.bar_len.sum())
+    if not melody.any() or total == 0:
+        return float("nan")
+    # per step, the pitch classes the accompaniment sounds (12 bits)
+    acc = (~melody if accompaniment is None else accompaniment) & ~g.drum
+    classes = np.zeros((total + 1, 12), dtype=np.int64)
+    ends = np.minimum(g.onset[acc] + np.maximum(g.dur[acc], 1), total)
+    np.add.at(classes, (np.minimum(g.onset[acc], total), g.pitch[acc] % 12), 1)
+    np.add.at(classes, (ends, g.pitch[acc] % 12), -1)
+    sounding_classes = np.cumsum(classes, axis=0)[:total] > 0
+    clash = steps = 0
+    for on, dur, pitch in zip(g.onset[melody].tolist(), g.dur[melody].tolist(), g.pitch[melody].tolist()):
+        span = sounding_classes[on: min(on + max(dur, 1), total)]
+        steps += len(span)
+        clash += int(np.count_nonzero(span[:, (pitch + 1) % 12] | span[:, (pitch - 1) % 12]))
+    return clash / steps if steps else float("nan")
+
+
 def key_clarity(g: NoteGrid) -> float:
     """Largest correlation of the piece's pitch-class histogram with the 24 Krumhansl-Kessler key
     profiles (1: unambiguous key)."""

@@ -314,3 +314,16 @@ def test_lead_sheet_option_needs_parts(shared_data, tmp_path):
     cache, _ = prepare(midi, tmp_path / "cache", TokenizerConfig())
     with pytest.raises(OptionError, match="parts"):
         WindowSampler(cache, "train", 64, lead_sheet=0.5)
+
+
+def test_melody_clashes_counts_the_melody_time_a_semitone_off_the_accompaniment(tmp_path):
+    from spemusic.metrics import melody_clashes, note_grid
+
+    chord = [(48, 0, 4, 70), (52, 0, 4, 70), (55, 0, 4, 70)]  # C E G for one bar
+    for melody, share in (([(72, 0, 2, 90), (76, 2, 2, 90)], 0.0),        # C, E: chord tones
+                          ([(72, 0, 2, 90), (73, 2, 2, 90)], 0.5),        # C, then C# against C
+                          ([(66, 0, 4, 90)], 1.0)):                       # F# against G (a semitone)
+        path = write_tracks(tmp_path / "m.mid", [("MELODY", 0, melody), ("PIANO", 0, chord)])
+        ids = PARTS_TOK.encode(path)
+        g = note_grid(ids, PARTS_TOK)
+        assert melody_clashes(g, g.prog == PARTS_TOK.part_id("melody")) == pytest.approx(share)
