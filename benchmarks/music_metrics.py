@@ -183,48 +183,26 @@ def parts(generated, continued, real, tok) -> dict:
     return means
 
 
-def _without_opening(ids: np.ndarray, tok, first: int) -> np.ndarray:
-    """A melody's tokens from its bar `first` on: the first bar's meter and tempo, then that bar."""
-    from spemusic.tokenizer import TEMPO, TIMESIG
-
-    bar_at = np.flatnonzero(ids == tok.bar_id)
-    head = [t for t in ids[bar_at[0]: bar_at[1]] if t == tok.bar_id or tok.kinds[t] in (TIMESIG, TEMPO)]
-    return np.r_[ids[: bar_at[0]], head, ids[bar_at[first] + 1:]]
-
-
-def accompany_check(model, tok, valid_paths, opts, seed: int) -> dict:
-    """Accompany the real melody of each valid song (its first ACCOMPANY_BARS bars on its beats):
-    how often the accompaniment alone (bridge and piano, duration-weighted) has the song's
-    annotated chord as its best template match, next to the song's own PIANO track by the same
-    matcher; its pitch-class profile against that track's (the key, coarser than the chords);
-    whether the melody came back token for token. Each melody twice: as written, and from its
-    first bar on (the bars before it dropped: there the model hears no melody)."""
+def accompany_check(model, tok, valid_paths, opts, seed: int, chart=None) -> dict:
+    """Accompany the real melody of each valid song (its first ACCOMPANY_BARS bars from its first
+    bar with melody, and the bars before it, on its beats), as `spemusic accompany` does: on the
+    chart `chart(melody_ids)` draws (the model's harmonizer), and with --no-harmonize (the model
+    names each bar's chord as it writes). For each: how often the accompaniment alone (bridge
+    and piano, duration-weighted) has the song's annotated chord as its best template match,
+    next to the song's own PIANO track by the same matcher; its pitch-class profile against that
+    track's; the share of the melody's time a semitone off the accompaniment, next to the song's;
+    whether the melody came back token for token."""
     from spemusic.accompany import hold_melody, load_melody
     from spemusic.metrics import bar_chords, chord_match, cosine, melody_clashes, note_grid, pitch_class_histogram
+    from spemusic.options import CHORD_STRENGTH
 
     pop = DATA / "pop909"
     melody_id = tok.part_id("melody")
-    tally = {k: [0, 0] for k in ("written", "sung", "opened", "real")}  # [hits, bars counted]
-    profiles = {"written": [], "opened": []}
-    clashes = {"written": [], "opened": [], "real": []}  # share of the melody's time a semitone off the rest
-    exact = 0
-
-    def take(held, bars, take_seed, real_grid, real_notes, name):
-        """Accompany `held`: its tokens and note grid; the pitch-class profile and the melody's
-        clashes noted under `name`."""
-        ids = sample(model, tok, num=1, bars=bars, seed=take_seed, options=opts, parts=("melody", "bridge", "piano"),
-                     held=hold_melody(held, tok)).ids[0]
-        g = note_grid(ids, tok)
-        profiles[name].append(cosine(pitch_class_histogram(g, g.prog != melody_id),
-                                     pitch_class_histogram(real_grid, real_notes)))
-        clashes[name].append(melody_clashes(g, g.prog == melody_id))
-        return ids, g
-
-    def count(name, g, asked, notes):
-        h, c = chord_match(g, asked, notes=notes)
-        tally[name][0] += h
-        tally[name][1] += c
-
+    modes = ("charted", "named") if chart is not None else ("named",)
+    tally = {k: [0, 0] for k in (*modes, "real")}  # [hits, bars counted]
+    profiles = {k: [] for k in modes}
+    clashes = {k: [] for k in (*modes, "real")}  # share of the melody's time a semitone off the rest
+    exact = {k: 0 for k in modes}
     for i, path in enumerate(valid_paths):
         melody = load_melody(path, tok, beats=pop / "beats" / f"{path.stem}.txt")
         song = tok.encode(path, beats=pop / "beats" / f"{path.stem}.txt", chords=pop / "chords" / f"{path.stem}.txt")
@@ -242,45 +220,49 @@ def accompany_check(model, tok, valid_paths, opts, seed: int) -> dict:
         real_chords = bar_chords(g_real)
         asked = ([None] * max(-shift, 0) + real_chords[max(shift, 0):])[:bars]
         lo, hi = max(shift, 0), shift + bars  # the same bars of the song
-        real_piano = (g_real.prog == tok.part_id("piano")) & (g_real.bar >= lo) & (g_real.bar < hi)
-        count("real", g_real, [None] * lo + real_chords[lo:hi], real_piano)
         in_bars = (g_real.bar >= lo) & (g_real.bar < hi)
+        real_piano = (g_real.prog == tok.part_id("piano")) & in_bars
+        h, c = chord_match(g_real, [None] * lo + real_chords[lo:hi], notes=real_piano)
+        tally["real"][0] += h
+        tally["real"][1] += c
         clashes["real"].append(melody_clashes(g_real, (g_real.prog == melody_id) & in_bars,
                                               (g_real.prog != melody_id) & in_bars))
-
-        ids, g = take(cut, bars, seed + 4000 + i, g_real, real_piano, "written")
-        count("written", g, asked, g.prog != melody_id)
-        count("sung", g, [None] * first + asked[first:], g.prog != melody_id)
-        mel = lambda seq: [tuple(seq[j:j + 4]) for j, t in enumerate(seq.tolist()) if t == melody_id]  # noqa: E731
-        exact += mel(np.asarray(ids)) == mel(np.asarray(cut))
-        _, g = take(_without_opening(cut, tok, first), bars - first, seed + 5000 + i, g_real,
-                    real_piano & (g_real.bar >= shift + first), "opened")
-        count("opened", g, asked[first:], g.prog != melody_id)
+        for mode in modes:
+            chords = chart(cut) if mode == "charted" else None
+            ids = sample(model, tok, num=1, bars=bars, seed=seed + 4000 + i, options=opts,
+                         parts=("melody", "bridge", "piano"), held=hold_melody(cut, tok), chords=chords,
+                         chord_strength=CHORD_STRENGTH if chords else 0.0).ids[0]
+            g = note_grid(ids, tok)
+            h, c = chord_match(g, asked, notes=g.prog != melody_id)
+            tally[mode][0] += h
+            tally[mode][1] += c
+            profiles[mode].append(cosine(pitch_class_histogram(g, g.prog != melody_id),
+                                         pitch_class_histogram(g_real, real_piano)))
+            clashes[mode].append(melody_clashes(g, g.prog == melody_id))
+            mel = lambda seq: [tuple(seq[j:j + 4]) for j, t in enumerate(seq.tolist()) if t == melody_id]  # noqa: E731
+            exact[mode] += mel(np.asarray(ids)) == mel(np.asarray(cut))
 
     rate = {k: h / max(c, 1) for k, (h, c) in tally.items()}
-    gen, real = rate["written"], rate["real"]
-    ok = "met" if gen >= 0.85 * real else "MISSED"
-    print(f"\naccompany: {len(valid_paths)} valid songs' melodies, up to {ACCOMPANY_BARS} bars from their first: the "
-          f"song's annotated chord is the best template match of the accompaniment alone in {gen:.3f} of "
-          f"{tally['written'][1]} bars, of the song's own PIANO track in {real:.3f} of {tally['real'][1]} "
-          f"({gen / real:.2f}x, goal >= 0.85x, {ok}); melody token for token as given in {exact} of {len(valid_paths)}")
-    print(f"  of these, the bars from the melody's first note on: {rate['sung']:.3f} of {tally['sung'][1]} "
-          f"(before it the model hears no melody and chooses a key alone)")
-    print(f"  pitch-class profile of the accompaniment against the song's PIANO over the same bars: cosine "
-          f"{np.mean(profiles['written']):.3f} (mean of the songs; lowest {np.min(profiles['written']):.3f})")
-    print(f"  accompanied from the melody's first bar (the bars before it dropped): chord match "
-          f"{rate['opened']:.3f} of {tally['opened'][1]} bars, pitch-class cosine "
-          f"{np.mean(profiles['opened']):.3f} (lowest {np.min(profiles['opened']):.3f})")
-    print(f"  the melody a semitone off the accompaniment (share of its sounding time): "
-          f"{np.nanmean(clashes['written']):.3f} as written, {np.nanmean(clashes['opened']):.3f} from the melody's first bar, "
-          f"{np.nanmean(clashes['real']):.3f} in the songs (their MELODY against their BRIDGE and PIANO, same bars)")
-    return {"melody_clashes": float(np.nanmean(clashes["written"])),
-            "melody_clashes_from_first_bar": float(np.nanmean(clashes["opened"])),
-            "melody_clashes_real": float(np.nanmean(clashes["real"])),
-            "accompaniment_match": gen, "piano_track_match": real, "bars": tally["written"][1], "melody_exact": exact,
-            "songs": len(valid_paths), "match_from_melody": rate["sung"],
-            "pitch_class_cosine": float(np.mean(profiles["written"])), "match_from_first_bar": rate["opened"],
-            "pitch_class_cosine_from_first_bar": float(np.mean(profiles["opened"]))}
+    real = rate["real"]
+    print(f"\naccompany: {len(valid_paths)} valid songs' melodies, up to {ACCOMPANY_BARS} bars from their first "
+          f"and the bars before it; the song's annotated chord as the best template match of the accompaniment "
+          f"alone (goal >= 0.85x the song's own PIANO track's), the pitch-class profile against that track's "
+          f"(cosine), the melody's time a semitone off the accompaniment:")
+    print(f"  {'song (MELODY, PIANO)':<40} chord match {real:.3f} of {tally['real'][1]:<4} "
+          f"{'':>17} clashes {np.nanmean(clashes['real']):.3f}")
+    labels = {"charted": "on the harmonizer's chart (default)", "named": "chords named as it writes"}
+    result = {"songs": len(valid_paths), "piano_track_match": real,
+              "melody_clashes_real": float(np.nanmean(clashes["real"]))}
+    for mode in modes:
+        gen = rate[mode]
+        ok = "met" if gen >= 0.85 * real else "MISSED"
+        print(f"  {labels[mode]:<40} chord match {gen:.3f} of {tally[mode][1]:<4} ({gen / real:.2f}x, {ok}) "
+              f"cosine {np.mean(profiles[mode]):.3f} clashes {np.nanmean(clashes[mode]):.3f}; "
+              f"melody as given in {exact[mode]} of {len(valid_paths)}")
+        result[mode] = {"accompaniment_match": gen, "bars": tally[mode][1], "melody_exact": exact[mode],
+                        "pitch_class_cosine": float(np.mean(profiles[mode])),
+                        "melody_clashes": float(np.nanmean(clashes[mode]))}
+    return result
 
 
 def pop_piano(args, opts) -> dict:
@@ -328,7 +310,11 @@ def pop_piano(args, opts) -> dict:
     if tok.config.parts:
         part_means = parts(generated, continued, real, tok)
         files = sorted(pop / e["path"] for e in cache.files("valid"))
-        accompanied = accompany_check(model, tok, files[: args.pieces], opts, args.seed)
+        from spemusic.harmony import HARMONY_FILE, chart_melody
+
+        charts = (resolve(args.pop_model).parent / HARMONY_FILE).is_file()
+        accompanied = accompany_check(model, tok, files[: args.pieces], opts, args.seed,
+                                      chart=(lambda ids: chart_melody(args.pop_model, ids, tok)) if charts else None)
     result = {"model": str(args.pop_model), "generated": gen_m, "continued": cont_m, "real": real_m,
               "tracks_max": int(max(tracks)), "top_p": opts.top_p, "bar_top_p": opts.bar_top_p, "temperature": opts.temperature,
               "onset_top_p": opts.onset_top_p, "repeat": opts.repeat, "hole_penalty": opts.hole_penalty,

@@ -1234,9 +1234,14 @@ def accompany(
     beats: Path | None = typer.Option(None, "--beats", help="Beat annotation of the melody file (time, beat-in-bar; "
                                          "or POP909's three columns): its bars are the annotated ones."),
     chords: str | None = typer.Option(None, "--chords", help="Chord progression, one chord per bar of the melody, "
-                                         "repeating: 'C G Am F', or a file with one chord per line."),
-    chord_strength: float = typer.Option(CHORD_STRENGTH, "--chord-strength", help="With --chords: nats added to the "
-                                         "bar's chord tones wherever a pitch is sampled (0: the chord tokens alone)."),
+                                         "repeating: 'C G Am F', or a file with one chord per line. \\[default: a "
+                                         "chart drawn from the whole melody by the model's harmonizer]"),
+    harmonize: bool = typer.Option(True, "--harmonize/--no-harmonize", help="Without --chords: chart one chord per "
+                                   "bar from the whole melody first (the model's harmony.json), then play it; "
+                                   "--no-harmonize: the model names each bar's chord as it writes."),
+    chord_strength: float = typer.Option(CHORD_STRENGTH, "--chord-strength", help="With --chords or a chart: nats "
+                                         "added to the bar's chord tones wherever a pitch is sampled (0: the chord "
+                                         "tokens alone)."),
     output: str | None = typer.Option(None, "-o", "--output", help="Output .mid (OUT-1.mid … with --num), or a "
                                          "folder. \\[default: MELODY-accompanied.mid in the current folder]"),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace existing output files."),
@@ -1281,6 +1286,12 @@ def accompany(
         from .sampling import chord_ids
 
         chord_ids(tok, progression)
+    elif harmonize:
+        from .harmony import chart_melody
+
+        progression = chart_melody(model, held.ids, tok)
+        if progression is not None:
+            err.print(f"chords (charted from the melody, one per bar): {' '.join(progression)}", soft_wrap=True)
     options = _sampling_options(info, temperature, top_k, **asked)
 
     def run(**callbacks):
