@@ -310,11 +310,10 @@ def pop_piano(args, opts) -> dict:
     if tok.config.parts:
         part_means = parts(generated, continued, real, tok)
         files = sorted(pop / e["path"] for e in cache.files("valid"))
-        from spemusic.harmony import HARMONY_FILE, chart_melody
+        from spemusic.harmony import chart_melody
 
-        charts = (resolve(args.pop_model).parent / HARMONY_FILE).is_file()
-        accompanied = accompany_check(model, tok, files[: args.pieces], opts, args.seed,
-                                      chart=(lambda ids: chart_melody(args.pop_model, ids, tok)) if charts else None)
+        chart = (lambda ids: chart_melody(model.harmonizer, ids, tok)) if model.harmonizer else None
+        accompanied = accompany_check(model, tok, files[: args.pieces], opts, args.seed, chart=chart)
     result = {"model": str(args.pop_model), "generated": gen_m, "continued": cont_m, "real": real_m,
               "tracks_max": int(max(tracks)), "top_p": opts.top_p, "bar_top_p": opts.bar_top_p, "temperature": opts.temperature,
               "onset_top_p": opts.onset_top_p, "repeat": opts.repeat, "hole_penalty": opts.hole_penalty,

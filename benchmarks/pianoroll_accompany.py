@@ -12,6 +12,8 @@ from pathlib import Path
 import numpy as np
 
 from spemusic.accompany import hold_melody, load_melody
+from spemusic.harmony import chart_melody
+from spemusic.options import CHORD_STRENGTH
 from spemusic.pianoroll import render
 from spemusic.sampling import sample
 
@@ -41,8 +43,9 @@ def main() -> None:
     bar_at = np.flatnonzero(melody.ids == tok.bar_id)
     first = int(np.searchsorted(bar_at, np.flatnonzero(melody.ids == tok.part_id("melody"))[0], side="right"))
     cut = melody.ids[: bar_at[min(first - 1 + args.bars, len(bar_at) - 1)]]
+    chart = chart_melody(model.harmonizer, cut, tok)  # as `spemusic accompany` plays it: on the harmonizer's chart
     ids = sample(model, tok, num=1, bars=int(np.count_nonzero(cut == tok.bar_id)), seed=args.seed, options=opts,
-                 held=hold_melody(cut, tok)).ids[0]
+                 held=hold_melody(cut, tok), chords=chart, chord_strength=CHORD_STRENGTH if chart else 0.0).ids[0]
     shown = (first, first - 1 + args.bars)
     for name, seq, title in ((f"pianoroll_pop909_{args.song}.png", song, f"POP909 song {args.song} (MIT)"),
                              (f"pianoroll_accompany_{args.song}.png", ids,

@@ -188,9 +188,18 @@ def load_model(name_or_path: str | Path = "pop-piano", device: str | torch.devic
     model.float().to(device).eval()
     model.trained_tokens = _trained_tokens(weights, meta["info"], len(tokenizer))
     model.release_name = meta["info"].get("name")  # its sampling defaults (SamplingOptions.for_model)
+    model.harmonizer = load_harmonizer(weights.parent, tokenizer)
     if return_info:
         return model, tokenizer, meta["info"]
     return model, tokenizer
+
+
+def load_harmonizer(folder: Path, tokenizer):
+    """The harmonizer saved beside a model's weights (harmony.json), or None."""
+    from .harmony import HARMONY_FILE, Harmonizer
+
+    path = folder / HARMONY_FILE
+    return Harmonizer.load(path) if tokenizer.config.chords and path.is_file() else None
 
 
 def _trained_tokens(weights: Path, info: dict, vocab_size: int):

@@ -440,6 +440,8 @@ def data_prepare(
     chord_every_bar: bool = typer.Option(False, "--chord-every-bar/--no-chord-every-bar", help="With "
                                          "--melody-first and --chords: each bar's other parts open on the chord "
                                          "in force there."),
+    drum_grid: bool = typer.Option(False, "--drum-grid/--no-drum-grid", help="Each drum hit on its nearest "
+                                   "sixteenth or eighth-note triplet (no microtiming)."),
 ):
     """Tokenize a MIDI collection into a compact cache with train/valid/test splits.
 
@@ -458,7 +460,8 @@ def data_prepare(
         t0 = time.perf_counter()
         cache, reused = prepare(midi_dir, output, TokenizerConfig(chords=chords is not None, parts=parts,
                                                               melody_first=melody_first,
-                                                              chord_every_bar=chord_every_bar),
+                                                              chord_every_bar=chord_every_bar,
+                                                              drum_grid=drum_grid),
                                 split_csv=split_csv, workers=workers or None, progress=progress,
                                 beats_dir=beats, chords_dir=chords)
         wall = time.perf_counter() - t0
@@ -555,6 +558,9 @@ TRAIN_OPTIONS = {
     "chord_every_bar": ("Data", ("With --melody-first and chords, open each bar's other parts on the chord in "
                         "force there, so the model names every bar's harmony after hearing its melody (an "
                         "--init-from model may switch to it).")),
+    "drum_grid": ("Data", ("Put each drum hit on its nearest sixteenth or eighth-note triplet, without the "
+                  "drummer's microtiming, so that a pattern repeats on the grid (an --init-from model may switch to "
+                  "it).")),
     "lead_sheet": ("Data", ("With parts: this share of the training windows has its first 1 to 8 bars as a lead "
                    "sheet (the melody and the chords, no other part), so the model learns to accompany a melody it "
                    "is given.")),
@@ -629,6 +635,7 @@ def train(
     parts: bool | None = _train_option("parts", "--parts/--no-parts"),
     melody_first: bool | None = _train_option("melody_first", "--melody-first/--no-melody-first"),
     chord_every_bar: bool | None = _train_option("chord_every_bar", "--chord-every-bar/--no-chord-every-bar"),
+    drum_grid: bool | None = _train_option("drum_grid", "--drum-grid/--no-drum-grid"),
     lead_sheet: float | None = _train_option("lead_sheet", "--lead-sheet"),
     output: Path | None = typer.Option(None, "-o", "--output", rich_help_panel="Run",
                                           help="Run folder: checkpoints, metrics.jsonl."),
@@ -1289,14 +1296,14 @@ def accompany(
     elif harmonize:
         from .harmony import chart_melody
 
-        progression = chart_melody(model, held.ids, tok)
+        progression = chart_melody(net.harmonizer, held.ids, tok)
         if progression is not None:
             err.print(f"chords (charted from the melody, one per bar): {' '.join(progression)}", soft_wrap=True)
     options = _sampling_options(info, temperature, top_k, **asked)
 
     def run(**callbacks):
         return accompany_melody(net, tok, held, num=num, seed=seed, options=options, chords=progression,
-                                chord_strength=chord_strength, parts=wanted, **callbacks)
+                                chord_strength=chord_strength, harmonize=False, parts=wanted, **callbacks)
 
     pieces = _sampling_with_progress(run, total=None, num=num, tok=tok, prompt=None,
                                      quiet=as_json and not sys.stderr.isatty())

@@ -192,15 +192,11 @@ class Harmonizer:
 HARMONY_FILE = "harmony.json"
 
 
-def chart_melody(model: str | Path, melody_ids, tokenizer) -> list[str] | None:
-    """One chord per bar of a melody (its tokens), charted by the harmonizer shipped beside the
-    model's weights; None when the model has none (or no chord tokens)."""
-    from .checkpoint import resolve
-
-    path = resolve(model).parent / HARMONY_FILE
-    if not tokenizer.config.chords or not path.is_file():
+def chart_melody(harmonizer: Harmonizer | None, melody_ids, tokenizer) -> list[str] | None:
+    """One chord per bar of a melody (its tokens), or None without a harmonizer."""
+    if harmonizer is None:
         return None
-    return Harmonizer.load(path).chart(bars_of(melody_ids, tokenizer).melody)
+    return harmonizer.chart(bars_of(melody_ids, tokenizer).melody)
 
 
 def accuracy(harmonizer: Harmonizer, pieces: list[BarData]) -> float:

@@ -72,6 +72,7 @@ class TrainConfig:
     parts: bool = False          # melody, bridge and piano parts by track name (a fine-tune without them gets them)
     melody_first: bool = False   # with parts: each bar's melody before the other parts (a fine-tune may switch to it)
     chord_every_bar: bool = False  # with chords and melody_first: each bar's other parts open on its chord
+    drum_grid: bool = False      # drum hits on their nearest sixteenth or eighth-note triplet
     lead_sheet: float = 0.0      # with parts: share of windows whose first bars keep only the melody and the chords
     short_conv: int = -1         # tokens each block's short convolution reaches back (-1: the preset's, or the
                                  # fine-tuned model's; a fine-tuned model without one gets it, starting at zero)

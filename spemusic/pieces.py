@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from .model import Performer
+from .options import CHORD_STRENGTH
 from .prompts import Prompt, count_bars, merge_continuation
 from .sampling import SampleResult, SamplingOptions, sample
 from .tokenizer import REMITokenizer
@@ -45,6 +46,7 @@ class Pieces:
     keys: list[KeyMove] | None = None  # per piece, when a key was asked
     stopped_programs: list[int] | None = None  # programs of the prompt that no new bar plays
     new_programs: list[int] | None = None  # programs the new bars play
+    chart: list[str] | None = None  # accompany: the chords played, one per bar (None: the model named them)
 
     @property
     def ids(self) -> list[np.ndarray]:
@@ -78,24 +80,31 @@ def generate(model: Performer, tokenizer: REMITokenizer, *, num: int = 1, length
 
 def accompany(model: Performer, tokenizer: REMITokenizer, melody, *, num: int = 1, seed: int = 0,
               options: SamplingOptions | None = None, weights_dtype: torch.dtype | None = None,
-              chords: list[str] | None = None, chord_strength: float = 0.0, parts: tuple[str, ...] = ("bridge", "piano"),
-              overlaps: str = "trim", on_token=None, should_stop=None) -> Pieces:
+              chords: list[str] | None = None, chord_strength: float = CHORD_STRENGTH, harmonize: bool = True,
+              parts: tuple[str, ...] = ("bridge", "piano"), overlaps: str = "trim", on_token=None,
+              should_stop=None) -> Pieces:
     """`num` accompaniments of a melody (accompany.load_melody), as long as it: the melody held
-    as written, token by token, the model writing `parts` under it. Each MIDI file holds the
-    user's melody track exactly as it was, and the new parts on the melody file's timeline."""
+    as written, token by token, the model writing `parts` under it on `chords` (one per bar,
+    repeating), else on the chart its harmonizer draws from the whole melody (`harmonize`, the
+    model's `harmonizer`; without, the model names each bar's chord as it writes). Each MIDI
+    file holds the user's melody track exactly as it was, and the new parts on the melody
+    file's timeline. `Pieces.chart`: the chords played (None: the model's own)."""
     import io
 
     from .accompany import hold_melody, with_accompaniment
+    from .harmony import chart_melody
 
     if "melody" in parts:
         raise ValueError("accompany writes the parts under the melody, not the melody")
+    if chords is None and harmonize:
+        chords = chart_melody(model.harmonizer, melody.ids, tokenizer)
     result = sample(model, tokenizer, num=num, bars=melody.bars, seed=seed, options=_model_options(model, options),
                     weights_dtype=weights_dtype, chords=chords, chord_strength=chord_strength,
                     parts=("melody", *parts), held=hold_melody(melody.ids, tokenizer), on_token=on_token,
                     should_stop=should_stop)
     midis = [miditoolkit.MidiFile(file=io.BytesIO(with_accompaniment(melody, ids, tokenizer, overlaps).dumps_midi()))
              for ids in result.ids]
-    return Pieces(midis, result, 1, 0)
+    return Pieces(midis, result, 1, 0, chart=chords)
 
 
 def continue_prompt(model: Performer, tokenizer: REMITokenizer, prompt: Prompt, *, only_continuation: bool = False,

@@ -249,6 +249,7 @@ class TokenizerConfig:
     parts: bool = False  # Program_melody / _bridge / _piano for tracks named so (after Program_drums)
     melody_first: bool = False  # with parts: each bar's melody, then the other parts; the tempo per bar
     chord_every_bar: bool = False  # with chords and melody_first: each bar's other parts open on the chord in force
+    drum_grid: bool = False  # drum hits on their nearest sixteenth or eighth-note triplet (no microtiming)
 
     def __post_init__(self) -> None:
         # types and ranges first: the metadata of a checkpoint from elsewhere lands here, and a
@@ -261,13 +262,15 @@ class TokenizerConfig:
             val = getattr(self, name)
             if isinstance(val, bool) or not isinstance(val, (int, float)) or not 1.0 <= val <= 10_000.0:
                 raise ConfigError(f"tokenizer config: {name} must be a number of BPM in 1 … 10,000, not {val!r}")
-        for name in ("chords", "parts", "melody_first", "chord_every_bar"):
+        for name in ("chords", "parts", "melody_first", "chord_every_bar", "drum_grid"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"tokenizer config: {name} must be true or false, not {getattr(self, name)!r}")
         if self.melody_first and not self.parts:
             raise ConfigError("tokenizer config: melody_first needs parts")
         if self.chord_every_bar and not (self.chords and self.melody_first):
             raise ConfigError("tokenizer config: chord_every_bar needs chords and melody_first")
+        if self.drum_grid and self.beat_resolution % 12:
+            raise ConfigError("tokenizer config: drum_grid needs a beat_resolution that is a multiple of 12")
         if not self.tempo_min <= self.tempo_max:
             raise ConfigError("tokenizer config: tempo_min must not be above tempo_max")
         if self.num_tempo_bins > 1 and not self.tempo_min < self.tempo_max:
@@ -299,7 +302,7 @@ class TokenizerConfig:
         d = asdict(self)
         d["time_signatures"] = [list(t) for t in self.time_signatures]
         # configs without them keep the fingerprint they had before they existed
-        for name in ("chords", "parts", "melody_first", "chord_every_bar"):
+        for name in ("chords", "parts", "melody_first", "chord_every_bar", "drum_grid"):
             if not d[name]:
                 del d[name]
         return d
@@ -563,6 +566,16 @@ def _onsets_with_chords(onsets: np.ndarray, chord_steps, last_step: int, bar_sta
     return steps, chord_at
 
 
+def _drum_snap(res: int) -> np.ndarray:
+    """(res,): for each grid step inside a beat, the step of the nearest sixteenth or eighth-note
+    triplet (res: the next beat), a tie going to the sixteenth. A drummer plays a pattern's hits a
+    little early or late, so at 12 steps a beat a third of the Groove set's hits land between
+    these places, and a repeated pattern never repeats on the grid (docs/groove-history.md)."""
+    sixteenths, triplets = range(0, res + 1, res // 4), range(0, res + 1, res // 3)
+    places = sorted({*sixteenths, *triplets}, key=lambda p: (p not in sixteenths, p))
+    return np.array([min(places, key=lambda p: (abs(p - r), p not in sixteenths)) for r in range(res)])
+
+
 class REMITokenizer:
     """REMI tokenizer; see the module docstring for the vocabulary and grammar."""
 
@@ -642,6 +655,7 @@ class REMITokenizer:
         self._vel_first = self._ranges["Velocity"][0]
         self._dur_first = self._ranges["Duration"][0]
         self._chord_first = self._ranges["Chord"][0] if cfg.chords else -1
+        self._drum_snap = _drum_snap(cfg.beat_resolution) if cfg.drum_grid else None
         self._chord_index = {name: i for i, name in enumerate(CHORD_NAMES)}
         self._default_ts = self.map_time_signature(4, 4)
         # the GM program each part's track plays when decoded (a user may choose others)
@@ -1053,13 +1067,15 @@ class REMITokenizer:
         n_in = len(p.time)
         time = np.maximum(p.time, 0)
         on = _round_div(time, res, tpq)
+        drum = p.prog == DRUMS
+        if cfg.drum_grid:  # each drum hit on its nearest sixteenth or eighth-note triplet
+            on[drum] = on[drum] // res * res + self._drum_snap[on[drum] % res]
         err_num = np.abs(time * res - on * tpq)  # error in ticks * res
         moved_onsets = int(np.count_nonzero(err_num))
         max_err = float(err_num.max()) / res if n_in else 0.0
         dsteps = np.maximum(_round_div(np.maximum(p.dur, 0), res, tpq), 1)
         pitch = np.clip(p.pitch, 0, 127)
         prog = p.prog
-        drum = prog == DRUMS
         clipped_mask = (dsteps > self.max_duration_steps) & ~drum
 
         vbin = self._vel_to_bin[np.clip(p.vel, 0, 127)]

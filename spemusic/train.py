@@ -406,9 +406,11 @@ def _starting_point(run: Run) -> tuple[TokenizerConfig, Performer | None]:
             config = replace(config, melody_first=True)
         if cfg.chord_every_bar and not config.chord_every_bar:  # the same tokens, a chord on every bar
             config = replace(config, chord_every_bar=True)
+        if cfg.drum_grid and not config.drum_grid:  # the same tokens, the drums on the grid
+            config = replace(config, drum_grid=True)
         return config, base_model
     return TokenizerConfig(chords=bool(cfg.chords), parts=cfg.parts, melody_first=cfg.melody_first,
-                           chord_every_bar=cfg.chord_every_bar), None
+                           chord_every_bar=cfg.chord_every_bar, drum_grid=cfg.drum_grid), None
 
 
 def _open_cache(cfg: TrainConfig, tok_cfg: TokenizerConfig, world: int, is_main: bool) -> TokenCache:

@@ -45,12 +45,18 @@ def test_shipped_harmonizer_charts_the_example_melody():
     from spemusic import load_model
     from spemusic.accompany import load_melody
 
-    _, tok = load_model("pop-piano")
+    model, tok = load_model("pop-piano")
     melody = load_melody(EXAMPLE, tok)
-    chart = chart_melody("pop-piano", melody.ids, tok)
+    chart = chart_melody(model.harmonizer, melody.ids, tok)
     assert len(chart) == melody.bars == len(bars_of(melody.ids, tok).melody)
     assert set(chart) <= set(CHORD_NAMES) and chart[0] == "C:maj"  # the example is in C major
-    assert chart_melody("groove", melody.ids, tok) is None  # no harmonizer beside it
+    assert load_model("groove")[0].harmonizer is None  # no harmonizer beside it
+    # the library plays the chart by default, as the command does
+    from spemusic.pieces import accompany
+
+    pieces = accompany(model, tok, melody, seed=3)
+    assert pieces.chart == chart
+    assert accompany(model, tok, melody, seed=3, harmonize=False).chart is None
 
 
 def test_a_harmony_file_from_elsewhere_is_one_error(tmp_path):
