@@ -631,3 +631,34 @@ def test_grammar_knows_where_the_sound_ends(shared_data):
             checked += 1
         grammar.advance(st, t)
     assert checked > 500
+
+
+def test_drum_grid_puts_each_hit_on_its_sixteenth_or_triplet(tmp_path):
+    """drum_grid: a hit a little early or late lands on the nearest sixteenth or eighth-note
+    triplet (a tie on the sixteenth); pitched notes keep their steps; the grid is stable."""
+    from miditoolkit import Instrument, MidiFile, Note
+
+    from spemusic.errors import ConfigError
+    from spemusic.metrics import note_grid
+
+    mf = MidiFile(ticks_per_beat=480)
+    drums = Instrument(program=0, is_drum=True, name="drums")
+    # steps (of 12 a beat) 1, 2, 5, 7, 10, 11 -> 0, 3, 6, 6, 9, 12; 4 and 8 (triplets) stay
+    for k, step in enumerate((1, 2, 5, 7, 10, 11, 4, 8)):
+        t = (4 * k * 12 + step) * 40  # one hit a bar, 40 ticks a step
+        drums.notes.append(Note(velocity=90, pitch=36 + k, start=t, end=t + 40))
+    piano = Instrument(program=0, name="piano")
+    piano.notes.append(Note(velocity=80, pitch=60, start=40, end=480))
+    mf.instruments = [drums, piano]
+    path = tmp_path / "d.mid"
+    mf.dump(str(path))
+    tok = REMITokenizer(TokenizerConfig(drum_grid=True))
+    ids = tok.encode(path)
+    g = note_grid(ids, tok)
+    hits = sorted(zip(g.onset[g.drum].tolist(), g.pitch[g.drum].tolist()))
+    assert [on - 48 * k for k, (on, _) in enumerate(hits)] == [0, 3, 6, 6, 9, 12, 4, 8]
+    assert g.onset[~g.drum].tolist() == [1]  # the piano's step is its own
+    assert np.array_equal(tok.encode(tok.decode_to_score(ids)), ids)
+    assert REMITokenizer().config.fingerprint() != tok.config.fingerprint()
+    with pytest.raises(ConfigError, match="drum_grid"):
+        TokenizerConfig(drum_grid=True, beat_resolution=8)
