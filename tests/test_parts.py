@@ -327,3 +327,21 @@ def test_melody_clashes_counts_the_melody_time_a_semitone_off_the_accompaniment(
         ids = PARTS_TOK.encode(path)
         g = note_grid(ids, PARTS_TOK)
         assert melody_clashes(g, g.prog == PARTS_TOK.part_id("melody")) == pytest.approx(share)
+
+
+def test_chord_every_bar_samples_state_each_bars_chord():
+    """A progression that repeats a chord: with chord_every_bar every bar still states it (the
+    grammar allows the repeat there), and the pieces are valid."""
+    import torch
+
+    from spemusic import ModelConfig, Performer
+    from spemusic.sampling import sample
+
+    torch.manual_seed(0)
+    model = Performer(ModelConfig.preset("tiny", vocab_size=len(BAR_CHORDS_TOK), pe="sinespe", gated=True))
+    grammar, chord_lo = REMIGrammar(BAR_CHORDS_TOK), BAR_CHORDS_TOK.range("Chord")[0]
+    for ids in sample(model, BAR_CHORDS_TOK, num=2, bars=4, seed=5, chords=["A:min", "A:min", "F:maj"],
+                      chord_strength=1.0).ids:
+        assert grammar.is_valid(ids)
+        named = [BAR_CHORDS_TOK.vocab[t] for t in ids if t >= chord_lo and BAR_CHORDS_TOK.kinds[t] == 11]
+        assert named == ["Chord_A:min", "Chord_A:min", "Chord_F:maj", "Chord_A:min"]
