@@ -257,10 +257,10 @@ def accompany_check(model, tok, valid_paths, opts, seed: int, chart=None) -> dic
         gen = rate[mode]
         ok = "met" if gen >= 0.85 * real else "MISSED"
         print(f"  {labels[mode]:<40} chord match {gen:.3f} of {tally[mode][1]:<4} ({gen / real:.2f}x, {ok}) "
-              f"cosine {np.mean(profiles[mode]):.3f} clashes {np.nanmean(clashes[mode]):.3f}; "
+              f"cosine {np.nanmean(profiles[mode]):.3f} clashes {np.nanmean(clashes[mode]):.3f}; "
               f"melody as given in {exact[mode]} of {len(valid_paths)}")
         result[mode] = {"accompaniment_match": gen, "bars": tally[mode][1], "melody_exact": exact[mode],
-                        "pitch_class_cosine": float(np.mean(profiles[mode])),
+                        "pitch_class_cosine": float(np.nanmean(profiles[mode])),
                         "melody_clashes": float(np.nanmean(clashes[mode]))}
     return result
 
