@@ -312,7 +312,7 @@ def pop_piano(args, opts) -> dict:
         files = sorted(pop / e["path"] for e in cache.files("valid"))
         from spemusic.harmony import chart_melody
 
-        chart = (lambda ids: chart_melody(model.harmonizer, ids, tok)) if model.harmonizer else None
+        chart = (lambda ids: chart_melody(model, ids, tok)) if model.harmony_file else None
         accompanied = accompany_check(model, tok, files[: args.pieces], opts, args.seed, chart=chart)
     result = {"model": str(args.pop_model), "generated": gen_m, "continued": cont_m, "real": real_m,
               "tracks_max": int(max(tracks)), "top_p": opts.top_p, "bar_top_p": opts.bar_top_p, "temperature": opts.temperature,

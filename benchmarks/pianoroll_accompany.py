@@ -43,7 +43,7 @@ def main() -> None:
     bar_at = np.flatnonzero(melody.ids == tok.bar_id)
     first = int(np.searchsorted(bar_at, np.flatnonzero(melody.ids == tok.part_id("melody"))[0], side="right"))
     cut = melody.ids[: bar_at[min(first - 1 + args.bars, len(bar_at) - 1)]]
-    chart = chart_melody(model.harmonizer, cut, tok)  # as `spemusic accompany` plays it: on the harmonizer's chart
+    chart = chart_melody(model, cut, tok)  # as `spemusic accompany` plays it: on the harmonizer's chart
     ids = sample(model, tok, num=1, bars=int(np.count_nonzero(cut == tok.bar_id)), seed=args.seed, options=opts,
                  held=hold_melody(cut, tok), chords=chart, chord_strength=CHORD_STRENGTH if chart else 0.0).ids[0]
     shown = (first, first - 1 + args.bars)

@@ -166,6 +166,9 @@ def validated_configs(weights: Path, meta: dict) -> tuple[ModelConfig, REMIToken
     return model_cfg, tokenizer
 
 
+HARMONY_FILE = "harmony.json"  # a model's harmonizer, beside its weights (spemusic.harmony)
+
+
 def load_model(name_or_path: str | Path = "pop-piano", device: str | torch.device = "cpu",
                return_info: bool = False):
     """Load a model and its tokenizer (eval mode, fp32) from a shipped name, a checkpoint folder or
@@ -188,18 +191,11 @@ def load_model(name_or_path: str | Path = "pop-piano", device: str | torch.devic
     model.float().to(device).eval()
     model.trained_tokens = _trained_tokens(weights, meta["info"], len(tokenizer))
     model.release_name = meta["info"].get("name")  # its sampling defaults (SamplingOptions.for_model)
-    model.harmonizer = load_harmonizer(weights.parent, tokenizer)
+    harmony = weights.parent / HARMONY_FILE
+    model.harmony_file = harmony if tokenizer.config.chords and harmony.is_file() else None
     if return_info:
         return model, tokenizer, meta["info"]
     return model, tokenizer
-
-
-def load_harmonizer(folder: Path, tokenizer):
-    """The harmonizer saved beside a model's weights (harmony.json), or None."""
-    from .harmony import HARMONY_FILE, Harmonizer
-
-    path = folder / HARMONY_FILE
-    return Harmonizer.load(path) if tokenizer.config.chords and path.is_file() else None
 
 
 def _trained_tokens(weights: Path, info: dict, vocab_size: int):

@@ -1296,7 +1296,7 @@ def accompany(
     elif harmonize:
         from .harmony import chart_melody
 
-        progression = chart_melody(net.harmonizer, held.ids, tok)
+        progression = chart_melody(net, held.ids, tok)
         if progression is not None:
             err.print(f"chords (charted from the melody, one per bar): {' '.join(progression)}", soft_wrap=True)
     options = _sampling_options(info, temperature, top_k, **asked)

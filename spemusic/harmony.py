@@ -189,14 +189,21 @@ class Harmonizer:
             raise SpemusicError(f"{path}: cannot read the harmony tables ({e})") from None
 
 
-HARMONY_FILE = "harmony.json"
-
-
-def chart_melody(harmonizer: Harmonizer | None, melody_ids, tokenizer) -> list[str] | None:
-    """One chord per bar of a melody (its tokens), or None without a harmonizer."""
-    if harmonizer is None:
+def harmonizer_of(model) -> Harmonizer | None:
+    """The harmonizer shipped beside a loaded model's weights (`model.harmony_file`), or None."""
+    path = getattr(model, "harmony_file", None)
+    if path is None:
         return None
-    return harmonizer.chart(bars_of(melody_ids, tokenizer).melody)
+    if getattr(model, "_harmonizer", (None, None))[0] != path:
+        model._harmonizer = (path, Harmonizer.load(path))
+    return model._harmonizer[1]
+
+
+def chart_melody(model, melody_ids, tokenizer) -> list[str] | None:
+    """One chord per bar of a melody (its tokens), charted by the model's harmonizer; None when the
+    model has none."""
+    harmonizer = harmonizer_of(model)
+    return None if harmonizer is None else harmonizer.chart(bars_of(melody_ids, tokenizer).melody)
 
 
 def accuracy(harmonizer: Harmonizer, pieces: list[BarData]) -> float:

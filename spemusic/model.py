@@ -408,9 +408,9 @@ class Performer(nn.Module):
         # the name it was released under (set by load_model; None: not a release): the sampling
         # defaults spemusic.pieces and the commands give it (SamplingOptions.for_model)
         self.release_name = None
-        # the harmonizer shipped beside the weights (spemusic.harmony; set by load_model; None: none):
-        # accompany charts a melody's chords with it
-        self.harmonizer = None
+        # the harmonizer's file beside the weights (set by load_model; None: none): accompany charts a
+        # melody's chords with it (spemusic.harmony.chart_melody)
+        self.harmony_file = None
         # training only: recompute each block's activations in the backward pass instead of
         # keeping them (less memory for long sequences, about one more forward of compute)
         self.checkpoint_activations = False

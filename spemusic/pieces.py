@@ -85,8 +85,8 @@ def accompany(model: Performer, tokenizer: REMITokenizer, melody, *, num: int = 
               should_stop=None) -> Pieces:
     """`num` accompaniments of a melody (accompany.load_melody), as long as it: the melody held
     as written, token by token, the model writing `parts` under it on `chords` (one per bar,
-    repeating), else on the chart its harmonizer draws from the whole melody (`harmonize`, the
-    model's `harmonizer`; without, the model names each bar's chord as it writes). Each MIDI
+    repeating), else on the chart its harmonizer draws from the whole melody (`harmonize`,
+    harmony.chart_melody; without, the model names each bar's chord as it writes). Each MIDI
     file holds the user's melody track exactly as it was, and the new parts on the melody
     file's timeline. `Pieces.chart`: the chords played (None: the model's own)."""
     import io
@@ -97,7 +97,7 @@ def accompany(model: Performer, tokenizer: REMITokenizer, melody, *, num: int = 
     if "melody" in parts:
         raise ValueError("accompany writes the parts under the melody, not the melody")
     if chords is None and harmonize:
-        chords = chart_melody(model.harmonizer, melody.ids, tokenizer)
+        chords = chart_melody(model, melody.ids, tokenizer)
     result = sample(model, tokenizer, num=num, bars=melody.bars, seed=seed, options=_model_options(model, options),
                     weights_dtype=weights_dtype, chords=chords, chord_strength=chord_strength,
                     parts=("melody", *parts), held=hold_melody(melody.ids, tokenizer), on_token=on_token,

@@ -54,9 +54,9 @@ change, comes after the whole bar's melody: the accompaniment and its harmony se
 melody's notes follow each other in the stream with nothing between them. The other parts'
 sweep begins at a Position at or before the melody's last one, or at any Position whose first
 token is a Chord or a note of another part. With ``chord_every_bar`` (and chord annotations) that
-sweep always opens on ``Position_0 Chord_x``, the chord in force at the bar line even when it does
-not change there (``N`` before the first change): the model names each bar's harmony right after
-hearing its melody, which is what ``accompany`` asks of it.
+sweep opens on ``Position_0 Chord_x``, the chord in force at the bar line even when it does not
+change there (from the piece's first chord on: a prompt without chords stays as it was): the model
+names each bar's harmony right after hearing its melody.
 
 Timing rules
 ------------
@@ -131,7 +131,7 @@ import numpy as np
 import symusic
 
 from spemusic.beats import BeatMap, Beats, TempoMap, read_beats
-from spemusic.chords import CHORD_NAMES, NO_CHORD, read_chords
+from spemusic.chords import CHORD_NAMES, read_chords
 from spemusic.errors import ConfigError, MidiError
 from spemusic.files import check_input_file, write_atomically
 
@@ -535,13 +535,13 @@ class _Parsed:
                  "chord_marks", "warnings")
 
 
-def _onsets_with_chords(onsets: np.ndarray, chord_steps, last_step: int, bar_starts: np.ndarray | None = None,
-                        no_chord: int = -1) -> tuple[np.ndarray, np.ndarray | None]:
+def _onsets_with_chords(onsets: np.ndarray, chord_steps, last_step: int,
+                        bar_starts: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray | None]:
     """The grid steps that open a Position: every note onset, and every chord change up to the last
     onset (a Position may hold only a Chord). With the Chord index at each (-1: no change there),
     or None without chord annotations. Several changes at one step: the last wins; a change to
-    the chord already in force is none. With `bar_starts` (chord_every_bar) every bar line also
-    states the chord in force there (`no_chord` before the first change)."""
+    the chord already in force is none. With `bar_starts` (chord_every_bar) every bar line from the
+    first chord on also states the chord in force there."""
     if chord_steps is None:
         return onsets, None
     cs, ci = chord_steps
@@ -550,9 +550,9 @@ def _onsets_with_chords(onsets: np.ndarray, chord_steps, last_step: int, bar_sta
     last_of_step = np.r_[cs[1:] != cs[:-1], True] if len(cs) else np.zeros(0, bool)
     cs, ci = cs[last_of_step], ci[last_of_step]
     stated = np.zeros(len(cs), bool)  # always written (bar lines), even when the chord does not change
-    if bar_starts is not None:
+    if bar_starts is not None and len(cs):
         k = np.searchsorted(cs, bar_starts, side="right") - 1
-        in_force = np.where(k >= 0, ci[np.maximum(k, 0)] if len(ci) else no_chord, no_chord)
+        bar_starts, in_force = bar_starts[k >= 0], ci[k[k >= 0]]  # (from the first chord on)
         inside = ~np.isin(cs, bar_starts)
         cs, ci = np.r_[cs[inside], bar_starts], np.r_[ci[inside], in_force]
         stated = np.r_[np.zeros(int(inside.sum()), bool), np.ones(len(bar_starts), bool)]
@@ -1108,8 +1108,7 @@ class REMITokenizer:
         if chord_steps is not None:
             melody_only = u_step[u_sweep == 0]
             steps1, chords1 = _onsets_with_chords(u_step[u_sweep == 1], chord_steps, last_step,
-                                                  bar_start if cfg.chord_every_bar else None,
-                                                  self._chord_index[NO_CHORD])
+                                                  bar_start if cfg.chord_every_bar else None)
             u_step = np.concatenate((melody_only, steps1))
             u_sweep = np.r_[np.zeros(len(melody_only), np.int64), np.ones(len(steps1), np.int64)]
             chord_at = np.r_[np.full(len(melody_only), -1, np.int64), chords1]

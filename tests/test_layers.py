@@ -12,7 +12,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "spemusic"
 ROWS = [
     ["cli"],
     ["pieces", "train", "evaluate", "play", "release"],
-    ["sampling", "prompts", "accompany", "data", "pianoroll", "audio", "metrics", "keys"],
+    ["sampling", "prompts", "accompany", "data", "pianoroll", "audio", "metrics", "keys", "harmony"],
     ["checkpoint", "device", "cache"],
     ["model"],
     ["spe", "spe_jax", "attention", "recurrent", "positional", "fused", "compiled", "recall"],
