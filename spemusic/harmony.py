@@ -151,6 +151,7 @@ class Harmonizer:
             return []
         tonic, mode = melody_key(melody)
         em = self.emissions(np.roll(melody, -tonic, axis=1))  # the melody in C
+        em[:, -1] = -np.inf  # an accompaniment plays chords, bars without melody too (POP909 marks N on silence)
         trans = self._log_transition[mode]
         score = self._log_start[mode] + em[0]
         back = np.zeros((len(melody), N_STATES), dtype=np.int64)
