@@ -203,6 +203,12 @@ def accompany_check(model, tok, valid_paths, opts, seed: int, chart=None) -> dic
     profiles = {k: [] for k in modes}
     clashes = {k: [] for k in (*modes, "real")}  # share of the melody's time a semitone off the rest
     exact = {k: 0 for k in modes}
+
+    def melody_notes(seq) -> list[tuple]:
+        """The melody's notes, token for token (Program_melody and the three tokens after it)."""
+        seq = np.asarray(seq)
+        return [tuple(seq[j:j + 4]) for j in np.flatnonzero(seq == melody_id)]
+
     for i, path in enumerate(valid_paths):
         melody = load_melody(path, tok, beats=pop / "beats" / f"{path.stem}.txt")
         song = tok.encode(path, beats=pop / "beats" / f"{path.stem}.txt", chords=pop / "chords" / f"{path.stem}.txt")
@@ -239,8 +245,7 @@ def accompany_check(model, tok, valid_paths, opts, seed: int, chart=None) -> dic
             profiles[mode].append(cosine(pitch_class_histogram(g, g.prog != melody_id),
                                          pitch_class_histogram(g_real, real_piano)))
             clashes[mode].append(melody_clashes(g, g.prog == melody_id))
-            mel = lambda seq: [tuple(seq[j:j + 4]) for j, t in enumerate(seq.tolist()) if t == melody_id]  # noqa: E731
-            exact[mode] += mel(np.asarray(ids)) == mel(np.asarray(cut))
+            exact[mode] += melody_notes(ids) == melody_notes(cut)
 
     rate = {k: h / max(c, 1) for k, (h, c) in tally.items()}
     real = rate["real"]

@@ -24,6 +24,7 @@ from .errors import OptionError, SpemusicError
 from .options import (
     ATTENTION_OPTIONS,
     CHORD_STRENGTH,
+    LEAD_SHEET_BARS,
     MODEL_PRESETS,
     MODEL_SAMPLING,
     PE_OPTIONS,
@@ -561,9 +562,9 @@ TRAIN_OPTIONS = {
     "drum_grid": ("Data", ("Put each drum hit on its nearest sixteenth or eighth-note triplet, without the "
                   "drummer's microtiming, so that a pattern repeats on the grid (an --init-from model may switch to "
                   "it).")),
-    "lead_sheet": ("Data", ("With parts: this share of the training windows has its first 1 to 8 bars as a lead "
-                   "sheet (the melody and the chords, no other part), so the model learns to accompany a melody it "
-                   "is given.")),
+    "lead_sheet": ("Data", (f"With parts: this share of the training windows has its first 1 to {LEAD_SHEET_BARS} "
+                   "bars as a lead sheet (the melody and the chords, no other part), so the model learns to "
+                   "accompany a melody it is given.")),
     "batch_size": ("Optimisation", "Sequences per micro-batch, all processes together."),
     "grad_accum": ("Optimisation", "Micro-batches per optimizer step."),
     "steps": ("Optimisation", "Optimizer steps.", None),
@@ -1293,20 +1294,16 @@ def accompany(
         from .sampling import chord_ids
 
         chord_ids(tok, progression)
-    elif harmonize:
-        from .harmony import chart_melody
-
-        progression = chart_melody(net, held.ids, tok)
-        if progression is not None:
-            err.print(f"chords (charted from the melody, one per bar): {' '.join(progression)}", soft_wrap=True)
     options = _sampling_options(info, temperature, top_k, **asked)
 
     def run(**callbacks):
         return accompany_melody(net, tok, held, num=num, seed=seed, options=options, chords=progression,
-                                chord_strength=chord_strength, harmonize=False, parts=wanted, **callbacks)
+                                chord_strength=chord_strength, harmonize=harmonize, parts=wanted, **callbacks)
 
     pieces = _sampling_with_progress(run, total=None, num=num, tok=tok, prompt=None,
                                      quiet=as_json and not sys.stderr.isatty())
+    if progression is None and pieces.chart is not None:
+        err.print(f"chords (charted from the melody, one per bar): {' '.join(pieces.chart)}")
     midis, rows, extras = _write_pieces(paths, pieces, tok, title=f"{model}, seed {seed}", png=png,
                                         soundfont=soundfont if audio else None, overwrite=overwrite)
     _report(rows, pieces.result, seed, as_json, midis, 0, False, by_length=False, extras=extras)

@@ -22,6 +22,7 @@ import numpy as np
 
 from .errors import MidiError, OptionError, SpemusicError
 from .files import check_output_folder, write_atomically
+from .options import LEAD_SHEET_BARS
 from .tokenizer import BAR, DURATION, EOS, PAD, PITCH, POSITION, PROGRAM, TEMPO, VELOCITY, REMITokenizer, TokenizerConfig
 
 SPLITS = ("train", "valid", "test")
@@ -365,8 +366,6 @@ class WindowSampler:
 
     PIECE_START_SHARE = 0.1
 
-    LEAD_SHEET_BARS = 32  # a lead-sheet window's melody-only opening: 1 to this many bars
-
     def __init__(self, cache: TokenCache, split: str, seq_len: int, max_transpose: int = 6,
                  lead_sheet: float = 0.0):
         self.tokenizer = cache.tokenizer
@@ -420,7 +419,7 @@ class WindowSampler:
         pieces = rng.choice(len(self.sequences), size=batch_size, p=self.piece_weights)
         # lead sheets only inside pieces: from BOS the model still opens a song with all its parts
         lead = (rng.random(batch_size) < self.lead_sheet) & ~at_start
-        bars = rng.integers(1, self.LEAD_SHEET_BARS + 1, size=batch_size)
+        bars = rng.integers(1, LEAD_SHEET_BARS + 1, size=batch_size)
         batch = [self.window(pieces[i], 0) if at_start[i] else self.window(*self.starts[picks[i]], bars[i] * lead[i])
                  for i in range(batch_size)]
         if augment:

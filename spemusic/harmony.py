@@ -23,6 +23,7 @@ on the valid split.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,26 +51,21 @@ def bars_of(ids, tokenizer) -> BarData:
     from .metrics import note_grid
 
     g = note_grid(ids, tokenizer)
-    melody = np.zeros((g.n_bars, 12))
-    starts, lens = g.bar_start, g.bar_len
+    starts, ends = g.bar_start, g.bar_start + g.bar_len
     sel = g.prog == tokenizer.part_id("melody")
-    for bar, onset, dur, pitch in zip(g.bar[sel], g.onset[sel], g.dur[sel], g.pitch[sel]):
-        end = min(onset + max(dur, 1), starts[bar] + lens[bar])
-        melody[bar, pitch % 12] += (end - onset) / g.res
-    # the chord that covers most of each bar (N before the first)
+    bar, onset = g.bar[sel], g.onset[sel]
+    melody = np.zeros((g.n_bars, 12))  # each note up to its bar's end
+    np.add.at(melody, (bar, g.pitch[sel] % 12), (np.minimum(onset + np.maximum(g.dur[sel], 1), ends[bar]) - onset) / g.res)
+    # the chord that covers most of each bar (N before the first; a tie: the earlier one)
     change_at = np.asarray(g.chord_step, dtype=np.int64)
-    names = [CHORD_NAMES.index(n) for n in g.chord_name]
-    chords = np.full(g.n_bars, CHORD_NAMES.index(NO_CHORD), dtype=np.int64)
-    for b, (s, L) in enumerate(zip(starts.tolist(), lens.tolist())):
-        cover: dict[int, int] = {}
-        k = int(np.searchsorted(change_at, s, side="right")) - 1
-        t, chord = s, names[k] if k >= 0 else CHORD_NAMES.index(NO_CHORD)
-        for j in range(k + 1, len(change_at)):
-            if change_at[j] >= s + L:
-                break
-            cover[chord] = cover.get(chord, 0) + int(change_at[j]) - t
-            t, chord = int(change_at[j]), names[j]
-        cover[chord] = cover.get(chord, 0) + s + L - t
+    names = np.array([CHORD_NAMES.index(n) for n in g.chord_name] + [CHORD_NAMES.index(NO_CHORD)])  # [-1]: N
+    chords = np.empty(g.n_bars, dtype=np.int64)
+    for b, (s, e) in enumerate(zip(starts.tolist(), ends.tolist())):
+        cuts = np.r_[s, change_at[(change_at > s) & (change_at < e)], e]
+        in_force = names[np.searchsorted(change_at, cuts[:-1], side="right") - 1]
+        cover = dict.fromkeys(in_force.tolist(), 0)  # (in order of appearance)
+        for chord, length in zip(in_force.tolist(), np.diff(cuts).tolist()):
+            cover[chord] += length
         chords[b] = max(cover, key=cover.get)
     return BarData(melody, chords)
 
@@ -135,14 +131,16 @@ class Harmonizer:
 
     def emissions(self, melody: np.ndarray) -> np.ndarray:
         """(bars, N_STATES): log-likelihood of each bar's melody (beats per pitch class) under each
-        chord, times the emission weight; N: every pitch class alike."""
+        chord, times the emission weight; N never (an accompaniment plays chords, in bars without
+        melody too, where POP909 marks N on the silence before a song)."""
         nq = len(Q)
         out = np.empty((len(melody), N_STATES))
         for r in range(12):
             rel = np.roll(melody, -r, axis=1)  # the melody over root r
             out[:, r * nq:(r + 1) * nq] = rel @ self._log_interval.T
-        out[:, -1] = melody.sum(1) * np.log(1 / 12)
-        return out * self.emission_weight
+        out *= self.emission_weight
+        out[:, -1] = -np.inf
+        return out
 
     def chart(self, melody: np.ndarray) -> list[str]:
         """The most likely chord of each bar (Viterbi over the whole melody, in its key)."""
@@ -151,7 +149,6 @@ class Harmonizer:
             return []
         tonic, mode = melody_key(melody)
         em = self.emissions(np.roll(melody, -tonic, axis=1))  # the melody in C
-        em[:, -1] = -np.inf  # an accompaniment plays chords, bars without melody too (POP909 marks N on silence)
         trans = self._log_transition[mode]
         score = self._log_start[mode] + em[0]
         back = np.zeros((len(melody), N_STATES), dtype=np.int64)
@@ -190,21 +187,16 @@ class Harmonizer:
             raise SpemusicError(f"{path}: cannot read the harmony tables ({e})") from None
 
 
-def harmonizer_of(model) -> Harmonizer | None:
-    """The harmonizer shipped beside a loaded model's weights (`model.harmony_file`), or None."""
-    path = getattr(model, "harmony_file", None)
-    if path is None:
-        return None
-    if getattr(model, "_harmonizer", (None, None))[0] != path:
-        model._harmonizer = (path, Harmonizer.load(path))
-    return model._harmonizer[1]
+@functools.lru_cache(maxsize=4)
+def _harmonizer(path: Path) -> Harmonizer:
+    return Harmonizer.load(path)
 
 
 def chart_melody(model, melody_ids, tokenizer) -> list[str] | None:
-    """One chord per bar of a melody (its tokens), charted by the model's harmonizer; None when the
-    model has none."""
-    harmonizer = harmonizer_of(model)
-    return None if harmonizer is None else harmonizer.chart(bars_of(melody_ids, tokenizer).melody)
+    """One chord per bar of a melody (its tokens), charted by the harmonizer shipped beside the
+    model's weights (`model.harmony_file`, set by load_model); None when it has none."""
+    path = getattr(model, "harmony_file", None)
+    return None if path is None else _harmonizer(path).chart(bars_of(melody_ids, tokenizer).melody)
 
 
 def accuracy(harmonizer: Harmonizer, pieces: list[BarData]) -> float:

@@ -147,12 +147,15 @@ def melody_clashes(g: NoteGrid, melody: np.ndarray, accompaniment: np.ndarray | 
     np.add.at(classes, (np.minimum(g.onset[acc], total), g.pitch[acc] % 12), 1)
     np.add.at(classes, (ends, g.pitch[acc] % 12), -1)
     sounding_classes = np.cumsum(classes, axis=0)[:total] > 0
-    clash = steps = 0
-    for on, dur, pitch in zip(g.onset[melody].tolist(), g.dur[melody].tolist(), g.pitch[melody].tolist()):
-        span = sounding_classes[on: min(on + max(dur, 1), total)]
-        steps += len(span)
-        clash += int(np.count_nonzero(span[:, (pitch + 1) % 12] | span[:, (pitch - 1) % 12]))
-    return clash / steps if steps else float("nan")
+    # per step and pitch class: does the accompaniment sound a semitone above or below it; summed
+    # over the steps before each one, so that a note's clashing steps are one difference
+    near = sounding_classes[:, np.r_[1:12, 0]] | sounding_classes[:, np.r_[11, 0:11]]
+    before = np.r_[np.zeros((1, 12), np.int64), np.cumsum(near, axis=0)]
+    on = np.minimum(g.onset[melody], total)
+    end = np.minimum(g.onset[melody] + np.maximum(g.dur[melody], 1), total)
+    pc = g.pitch[melody] % 12
+    steps = int((end - on).sum())
+    return float((before[end, pc] - before[on, pc]).sum()) / steps if steps else float("nan")
 
 
 def key_clarity(g: NoteGrid) -> float:

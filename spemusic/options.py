@@ -38,6 +38,9 @@ _OPTION_TYPES = {"int": ((int,), "an integer"), "float": ((int, float), "a numbe
                  "bool": ((bool,), "true or false"), "str": ((str,), "a string")}
 
 
+LEAD_SHEET_BARS = 32  # a lead-sheet training window's melody-only opening: 1 to this many bars
+
+
 @dataclass
 class TrainConfig:
     data: str = ""

@@ -215,6 +215,8 @@ class TokenError(MidiError, ValueError):
 # the rest are far above what music needs and bound the vocabulary a config can ask for
 _TOKENIZER_INT_RANGES = dict(beat_resolution=(1, 960), num_velocity_bins=(1, 127), num_tempo_bins=(1, 1024),
                              max_duration_beats=(1, 64), max_bar_beats=(1, 64))
+# the true/false fields, off by default (a config without one keeps the fingerprint it had before it existed)
+_FLAGS = ("chords", "parts", "melody_first", "chord_every_bar", "drum_grid")
 
 
 def default_time_signatures(max_bar_beats: int = 8, beat_resolution: int = 12) -> tuple[tuple[int, int], ...]:
@@ -262,7 +264,7 @@ class TokenizerConfig:
             val = getattr(self, name)
             if isinstance(val, bool) or not isinstance(val, (int, float)) or not 1.0 <= val <= 10_000.0:
                 raise ConfigError(f"tokenizer config: {name} must be a number of BPM in 1 … 10,000, not {val!r}")
-        for name in ("chords", "parts", "melody_first", "chord_every_bar", "drum_grid"):
+        for name in _FLAGS:
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"tokenizer config: {name} must be true or false, not {getattr(self, name)!r}")
         if self.melody_first and not self.parts:
@@ -301,8 +303,7 @@ class TokenizerConfig:
     def to_dict(self) -> dict:
         d = asdict(self)
         d["time_signatures"] = [list(t) for t in self.time_signatures]
-        # configs without them keep the fingerprint they had before they existed
-        for name in ("chords", "parts", "melody_first", "chord_every_bar", "drum_grid"):
+        for name in _FLAGS:  # configs without them keep the fingerprint they had before they existed
             if not d[name]:
                 del d[name]
         return d

@@ -401,14 +401,9 @@ def _starting_point(run: Run) -> tuple[TokenizerConfig, Performer | None]:
         if cfg.parts and not base_tokenizer.config.parts:  # the parts join the model's vocabulary
             wider = REMITokenizer(replace(base_tokenizer.config, parts=True, melody_first=cfg.melody_first))
             return wider.config, with_vocabulary(base_model, base_tokenizer, wider, PART_ROWS_LIKE)
-        config = base_tokenizer.config
-        if cfg.melody_first and not config.melody_first:  # the same tokens in another order
-            config = replace(config, melody_first=True)
-        if cfg.chord_every_bar and not config.chord_every_bar:  # the same tokens, a chord on every bar
-            config = replace(config, chord_every_bar=True)
-        if cfg.drum_grid and not config.drum_grid:  # the same tokens, the drums on the grid
-            config = replace(config, drum_grid=True)
-        return config, base_model
+        # the same tokens in another layout: melody first, a chord on every bar, the drums on the grid
+        switched = {flag: True for flag in ("melody_first", "chord_every_bar", "drum_grid") if getattr(cfg, flag)}
+        return replace(base_tokenizer.config, **switched), base_model
     return TokenizerConfig(chords=bool(cfg.chords), parts=cfg.parts, melody_first=cfg.melody_first,
                            chord_every_bar=cfg.chord_every_bar, drum_grid=cfg.drum_grid), None
 
