@@ -454,7 +454,10 @@ def data_prepare(
     """  # noqa: E501 - typer prints the lines of a command's docstring as they are: one example a line
     import_native_libraries(with_torch=False)
     from .data import prepare
+    from .options import check_layout
     from .tokenizer import TokenizerConfig
+
+    check_layout(parts, melody_first, chords is not None, chord_every_bar)
 
     with _progress(TextColumn("[bold]tokenizing"), BarColumn(), MofNCompleteColumn(), TextColumn("files"),
                    TimeElapsedColumn(), TimeRemainingColumn()) as progress:

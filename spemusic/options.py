@@ -167,3 +167,11 @@ def model_sampling(name: str | None, **asked) -> dict:
     not given), else the model's own defaults, else every model's."""
     defaults = {**SAMPLING_DEFAULTS, **MODEL_SAMPLING.get(name or "", {})}
     return {k: defaults[k] if asked.get(k) is None else asked[k] for k in SAMPLING_DEFAULTS}
+
+
+def check_layout(parts: bool, melody_first: bool, chords: bool, chord_every_bar: bool) -> None:
+    """The token layouts a new tokenizer may be asked for, as an error that names the options."""
+    if melody_first and not parts:
+        raise OptionError("{melody_first} needs {parts}")
+    if chord_every_bar and not (melody_first and chords):
+        raise OptionError("{chord_every_bar} needs {melody_first} and {chords}")

@@ -30,7 +30,7 @@ from .errors import OptionError, OptionWarning, SpemusicError
 from .files import check_output_folder, write_atomically
 from .memory import available_memory
 from .model import ModelConfig, Performer
-from .options import PRESETS, TrainConfig
+from .options import PRESETS, TrainConfig, check_layout
 from .tokenizer import PARTS, REMITokenizer, TokenizerConfig
 from .words import count
 
@@ -404,6 +404,7 @@ def _starting_point(run: Run) -> tuple[TokenizerConfig, Performer | None]:
         # the same tokens in another layout: melody first, a chord on every bar, the drums on the grid
         switched = {flag: True for flag in ("melody_first", "chord_every_bar", "drum_grid") if getattr(cfg, flag)}
         return replace(base_tokenizer.config, **switched), base_model
+    check_layout(cfg.parts, cfg.melody_first, bool(cfg.chords), cfg.chord_every_bar)
     return TokenizerConfig(chords=bool(cfg.chords), parts=cfg.parts, melody_first=cfg.melody_first,
                            chord_every_bar=cfg.chord_every_bar, drum_grid=cfg.drum_grid), None
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import symusic
@@ -346,3 +348,16 @@ def test_chord_every_bar_samples_state_each_bars_chord():
         assert grammar.is_valid(ids)
         named = [BAR_CHORDS_TOK.vocab[t] for t in ids if t >= chord_lo and BAR_CHORDS_TOK.kinds[t] == 11]
         assert named == ["Chord_A:min", "Chord_A:min", "Chord_F:maj", "Chord_A:min"]
+
+
+def test_layout_flags_without_what_they_need_are_one_line_errors(run_cli, tmp_path):
+    examples = Path(__file__).resolve().parents[1] / "data" / "examples"
+    needs_chords = "--chord-every-bar needs --melody-first and --chords"
+    for args, said in ((["--chord-every-bar"], needs_chords), (["--parts", "--melody-first", "--chord-every-bar"], needs_chords),
+                       (["--melody-first"], "--melody-first needs --parts")):
+        code, _, err = run_cli("data", "prepare", examples, "-o", tmp_path / "cache", *args)
+        assert code != 0 and said in err and len(err.strip().splitlines()) == 1, err
+        assert not (tmp_path / "cache").exists()
+    code, _, err = run_cli("train", examples, "-o", tmp_path / "run", "--chord-every-bar", "--steps", "1")
+    assert code != 0 and "--chord-every-bar needs --melody-first and --chords" in err
+    assert not (tmp_path / "run").exists()
