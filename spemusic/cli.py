@@ -133,8 +133,9 @@ def _sampling_default(key: str) -> str:
 
 
 TOP_P_HELP = "Nucleus sampling mass in (0, 1]; 1 turns it off. " + _sampling_default("top_p")
-BAR_TOP_P_HELP = ("Nucleus mass at each bar line, where the model picks whether the meter changes and where the "
-                  "bar's first note falls: 0.8 keeps the meter unless the model is sure of a change. "
+BAR_TOP_P_HELP = ("Nucleus mass at each bar line over keeping the meter and tempo against each change of them: "
+                  "0.8 keeps them unless the model is sure of a change (where the bar's first note falls stays "
+                  "the model's choice); 1 turns it off. "
                   + _sampling_default("bar_top_p"))
 ONSET_TOP_P_HELP = ("Nucleus mass among the places the next onset may take after a note (the positions and the "
                     "bar line; whether another note comes at the same onset stays the model's choice): below 1 "

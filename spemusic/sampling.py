@@ -79,24 +79,45 @@ def check_length_bars(length: int | None, bars: int | None) -> None:
         raise OptionError("{bars} must be at least 1 (got {value})", value=bars)
 
 
-def filter_logits(logits: torch.Tensor, opts: SamplingOptions, at_bar: torch.Tensor | None = None) -> torch.Tensor:
+def filter_logits(logits: torch.Tensor, opts: SamplingOptions, at_bar: torch.Tensor | None = None,
+                  changes: torch.Tensor | None = None) -> torch.Tensor:
     """Temperature, then top-k, then nucleus (top-p) on B×V logits (masked tokens are -inf).
     Top-p keeps the smallest set of most likely tokens whose mass reaches p; the most likely token
     is always kept, and ties at the cut are broken by sort order (deterministic). Rows where
-    `at_bar` (B bools) is true, the step right after a Bar token, take `bar_top_p` instead."""
-    if at_bar is not None and opts.bar_top_p != opts.top_p and bool(at_bar.any()):
-        from dataclasses import replace
-
-        at_bar = at_bar.to(logits.device)[:, None]
-        return torch.where(at_bar, filter_logits(logits, replace(opts, top_p=opts.bar_top_p)),
-                           filter_logits(logits, opts))
+    `at_bar` (B bools) is true, the step right after a Bar token, also keep the meter and tempo
+    (`keep_the_meter` with `bar_top_p`; `changes`: the V bools of the tokens that change them)."""
     logits = logits.float() / opts.temperature
     if opts.top_k > 0 and opts.top_k < logits.size(-1):
         kth = torch.topk(logits, opts.top_k, dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
     if opts.top_p < 1.0:
         logits = logits.masked_fill(outside_nucleus(logits, opts.top_p), float("-inf"))
+    if at_bar is not None and changes is not None and opts.bar_top_p < 1.0 and bool(at_bar.any()):
+        at_bar = at_bar.to(logits.device)[:, None]
+        logits = torch.where(at_bar, keep_the_meter(logits, opts.bar_top_p, changes.to(logits.device)), logits)
     return logits
+
+
+def keep_the_meter(logits: torch.Tensor, p: float, changes: torch.Tensor) -> torch.Tensor:
+    """At a bar line, a nucleus over what the bar does to the meter and the tempo: carrying on (all
+    the tokens in `changes`' complement, their mass together) against each change (a TimeSig or
+    Tempo token). A change the model is unsure of goes; where the bar's first note falls, and so
+    whether the melody plays in it, stays the model's choice (a nucleus over every token there
+    cut the melody's later entries and with them a fifth of its bars: docs/sampling.md)."""
+    carry_on = logits.masked_fill(changes, float("-inf")).logsumexp(-1, keepdim=True)
+    choices = torch.cat([carry_on, logits[:, changes]], dim=-1)
+    drop = outside_nucleus(choices, p)
+    out = logits.clone()
+    out[:, changes] = logits[:, changes].masked_fill(drop[:, 1:], float("-inf"))
+    return out.masked_fill(drop[:, :1] & ~changes, float("-inf"))
+
+
+def meter_changes(tokenizer: REMITokenizer) -> torch.Tensor:
+    """The V bools of the tokens that change the meter or the tempo at a bar line."""
+    out = torch.zeros(len(tokenizer), dtype=torch.bool)
+    for kind in ("TimeSig", "Tempo"):
+        out[slice(*tokenizer.range(kind))] = True
+    return out
 
 
 def outside_nucleus(logits: torch.Tensor, p: float) -> torch.Tensor:
@@ -573,6 +594,7 @@ def sample(model: Performer, tokenizer: REMITokenizer, *, num: int = 1, length: 
         trained = ~banned if trained is None else trained & ~banned
     steer = _Steering.of(tokenizer, grammar, trained, chords, chord_strength, meter, tempo, bars, device)
     onset_ids = OnsetTokens.of(tokenizer, device)
+    changes = meter_changes(tokenizer).to(device)
     gen = torch.Generator(device="cpu").manual_seed(seed)
 
     if prompt is None:
@@ -600,7 +622,7 @@ def sample(model: Performer, tokenizer: REMITokenizer, *, num: int = 1, length: 
             masked = logits.masked_fill(~torch.from_numpy(masks).to(device), float("-inf"))
             at_bar = torch.tensor([not pieces.done[b] and st.last == BAR for b, st in enumerate(pieces.states)])
             masked = steer_onsets(masked, pieces.steered_states(), options, onset_ids)
-            probs = torch.softmax(filter_logits(masked, options, at_bar), dim=-1).cpu()
+            probs = torch.softmax(filter_logits(masked, options, at_bar, changes), dim=-1).cpu()
             nxt = torch.multinomial(probs, 1, generator=gen).squeeze(1)
             for b in pieces.going():
                 if opens_on_meter(pieces.states[b], pieces.from_scratch):
@@ -651,6 +673,7 @@ def stream_bars(model: Performer, tokenizer: REMITokenizer, *, prompt: np.ndarra
         grammar.advance(st, int(t))
     from_scratch = len(prompt) == 1
     onset_ids = OnsetTokens.of(tokenizer, device)
+    changes = meter_changes(tokenizer).to(device)
     decoder = _Decoder(model, tokenizer, torch.from_numpy(prompt[None]).to(device), options,
                        weights_dtype or auto_step_dtype(device, 1))
     bar: list[int] = []
@@ -665,7 +688,8 @@ def stream_bars(model: Performer, tokenizer: REMITokenizer, *, prompt: np.ndarra
             nxt = int(masked[0].argmax())
         else:
             masked = steer_onsets(masked, [st], options, onset_ids)
-            probs = torch.softmax(filter_logits(masked, options, torch.tensor([st.last == BAR])), dim=-1).cpu()
+            probs = torch.softmax(filter_logits(masked, options, torch.tensor([st.last == BAR]), changes),
+                                  dim=-1).cpu()
             nxt = int(torch.multinomial(probs, 1, generator=gen)[0, 0])
         if nxt == tokenizer.bar_id and bar:
             yield bar

@@ -74,11 +74,19 @@ def test_top_p_and_top_k_filtering():
     assert kept.tolist() == [[False, True, False, False]]
 
 
-def test_bar_top_p_applies_right_after_a_bar_only():
-    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]] * 2))
-    opts = SamplingOptions(top_p=1.0, bar_top_p=0.5)
-    kept = torch.isfinite(filter_logits(logits, opts, at_bar=torch.tensor([True, False])))
-    assert kept.tolist() == [[True, False, False, False], [True, True, True, True]]
+def test_bar_top_p_keeps_the_meter_and_leaves_the_first_onset_to_the_model():
+    # tokens: 0 and 1 two first onsets, 2 and 3 two meter changes (0.2 + 0.1 of the mass)
+    logits = torch.log(torch.tensor([[0.4, 0.3, 0.2, 0.1]] * 2))
+    changes = torch.tensor([False, False, True, True])
+    opts = SamplingOptions(top_p=1.0, bar_top_p=0.7)
+    kept = torch.isfinite(filter_logits(logits, opts, at_bar=torch.tensor([True, False]), changes=changes))
+    # carrying on (0.7) reaches the nucleus: both changes go, both onsets stay
+    assert kept.tolist() == [[True, True, False, False], [True, True, True, True]]
+    kept = torch.isfinite(filter_logits(logits, SamplingOptions(bar_top_p=0.8), torch.tensor([True]), changes))
+    assert kept[0].tolist() == [True, True, True, False]  # 0.7 + 0.2 reaches 0.8: the likelier change stays
+    sure = torch.log(torch.tensor([[0.05, 0.05, 0.85, 0.05]]))
+    kept = torch.isfinite(filter_logits(sure, SamplingOptions(bar_top_p=0.8), torch.tensor([True]), changes))
+    assert kept[0].tolist() == [False, False, True, False]  # a change the model is sure of happens
     with pytest.raises(OptionError, match=r"^bar_top_p must be in \(0, 1\] \(got 0\)$"):
         SamplingOptions(bar_top_p=0).check()
 
