@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from spemusic.chords import CHORD_NAMES
 from spemusic.errors import SpemusicError
-from spemusic.harmony import Harmonizer, bars_of, chart_melody, melody_key
+from spemusic.harmony import N_POS, Harmonizer, accuracy, bars_of, chart_melody, melody_key
 
 EXAMPLE = str(Path(__file__).resolve().parents[1] / "data" / "examples" / "melody.mid")
 
@@ -26,7 +26,7 @@ def _bars(chords: list[str], tones: dict[str, list[int]]) -> tuple[np.ndarray, n
     return melody, np.array([CHORD_NAMES.index(c) for c in chords])
 
 
-def test_fitted_tables_chart_a_melody_in_any_key():
+def test_fitted_tables_chart_a_melody_in_any_key(tmp_path):
     from spemusic.harmony import BarData
 
     tones = {"C:maj": [0, 4, 7, 0], "F:maj": [5, 9, 0, 5], "G:maj": [7, 11, 2, 7], "A:min": [9, 0, 4, 9]}
@@ -40,6 +40,60 @@ def test_fitted_tables_chart_a_melody_in_any_key():
     assert h.chart(up) == ["D:maj", "G:maj", "A:maj", "D:maj", "B:min", "G:maj", "A:maj", "D:maj"]
     assert melody_key(melody) == (0, 0) and melody_key(up) == (2, 0)
     assert h.chart(np.zeros((0, 12))) == []
+    # a chord in every bar, bars without melody too (never N); the chart is the posterior's best
+    quiet = np.r_[np.zeros((2, 12)), melody]
+    post = h.posterior(quiet)
+    assert np.allclose(post.sum(1), 1) and (post[:, -1] == 0).all()
+    assert h.chart(quiet)[2:] == song and "N" not in h.chart(quiet)
+    # the tables as a file: the same charts
+    h.save(tmp_path / "h.json")
+    assert Harmonizer.load(tmp_path / "h.json").chart(up) == h.chart(up)
+    assert accuracy(h, pieces) == 1.0 and accuracy(h, pieces, triad=True) == 1.0
+
+
+def test_metrical_positions_weigh_the_beats():
+    """A bar's melody by where its notes fall: the same five pitch classes are C major with C, E, G
+    on the beats (A and B passing off the beat), A minor with A, C, E on them."""
+    from spemusic.harmony import BarData
+
+    def bar(on_beats: list[int], off_beats: list[int]) -> np.ndarray:
+        m = np.zeros((N_POS, 12))
+        for position, pc in zip((0, 1, 3), on_beats):  # beats 1, 2, 3
+            m[position, pc] = 1.0
+        for pc in off_beats:
+            m[2, pc] = 1.0
+        return m
+
+    c_bar, a_bar = bar([0, 4, 7], [9, 11]), bar([9, 0, 4], [7, 11])
+    assert (c_bar.sum(0) == a_bar.sum(0)).all()
+    metric = np.stack([c_bar, a_bar] * 2)
+    pieces = [BarData(metric.sum(1), np.array([CHORD_NAMES.index(c) for c in ("C:maj", "A:min") * 2]), metric)
+              for _ in range(20)]
+    h = Harmonizer.fit(pieces)
+    assert h.chart(np.stack([c_bar, a_bar, c_bar])) == ["C:maj", "A:min", "C:maj"]
+    assert h.chart(np.stack([a_bar, a_bar, c_bar])) == ["A:min", "A:min", "C:maj"]
+    # without their positions the two bars are one histogram, one chart
+    assert h.chart(c_bar.sum(0)[None]) == h.chart(a_bar.sum(0)[None])
+
+
+def test_bars_of_places_notes_by_metrical_position():
+    from spemusic import load_model
+    from spemusic.accompany import load_melody
+    from spemusic.metrics import note_grid
+
+    _, tok = load_model("pop-piano")
+    ids = load_melody(EXAMPLE, tok).ids
+    bars = bars_of(ids, tok)
+    assert bars.metric.shape == (len(bars.melody), N_POS, 12)
+    # the notes' own bars: the same pitch classes as the beats histogram
+    assert ((bars.metric[:, :-1].sum(1) > 0) == (bars.melody > 0)).all()
+    g = note_grid(ids, tok)
+    mel = g.prog == tok.part_id("melody")
+    on_downbeat = mel & (g.pos == 0)
+    assert on_downbeat.any() and (bars.metric[g.bar[on_downbeat], 0, g.pitch[on_downbeat] % 12] > 0).all()
+    # a note held over the bar line counts in the next bar, last
+    held = mel & (g.onset + g.dur > (g.bar_start + g.bar_len)[g.bar]) & (g.bar + 1 < g.n_bars)
+    assert (bars.metric[g.bar[held] + 1, -1, g.pitch[held] % 12] > 0).all()
 
 
 def test_shipped_harmonizer_charts_the_example_melody():
@@ -66,11 +120,20 @@ def test_a_harmony_file_from_elsewhere_is_one_error(tmp_path):
                  json.dumps({"format": "spemusic-harmony", "qualities": ["maj", "min", "dim", "aug", "sus2", "sus4",
                                                                         "7", "maj7", "min7"],
                              "interval_counts": [[1]], "transition_counts": [], "start_counts": [],
-                             "emission_weight": 1})):
-        bad.write_text(text)
+                             "emission_weight": 1}),
+                 json.dumps({"format": "spemusic-harmony", "version": 2}),
+                 b"\xff\xfe"):
+        if isinstance(text, bytes):
+            bad.write_bytes(text)
+        else:
+            bad.write_text(text)
         with pytest.raises(SpemusicError) as e:
             Harmonizer.load(bad)
-        assert "\n" not in str(e.value)
+        assert "\n" not in str(e.value) and str(bad) in str(e.value)
+    # a file of the first format (one emission table, no melody positions) says so
+    bad.write_text(json.dumps({"format": "spemusic-harmony", "version": 1, "qualities": [], "interval_counts": []}))
+    with pytest.raises(SpemusicError, match="version-1 harmony file.*version 2"):
+        Harmonizer.load(bad)
 
 
 def test_accompany_plays_the_chart_and_names_it(tmp_path):
