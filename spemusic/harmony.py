@@ -1,10 +1,9 @@
 """Harmonize a melody: one chord per bar, from the whole melody at once (a hidden Markov model).
 
-`spemusic accompany` plays chords under a melody, and the Performer names them only from the bars
-before: with the song's own chords forced its accompaniments match them in 0.83 of the bars and
-leave the melody a semitone off them 8% of its time, but with the chords it names itself (while
-it writes) 0.09 and 11% (real songs: 5%; docs/pop-piano-history.md). A chord chart drawn from the
-whole melody, as a musician drafts one before playing, is the missing step.
+`spemusic accompany` plays chords under a melody. The Performer names each chord from the bars
+before it only, and then follows its own key rather than the melody's (docs/pop-piano-history.md).
+A chord chart drawn from the whole melody, as a musician drafts one before playing, is the
+missing step.
 
 The model is the classic one for melody harmonization: the chords are the hidden states and a
 bar's melody notes are what each chord emits; but the song's key is hidden too, so the states are
