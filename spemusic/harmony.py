@@ -20,7 +20,7 @@ key is the same to it:
   pitch class of the key: a chord's own tones and the scale around it differ by the chord's place
   in the key (the melody over a IV is not the melody over a I, a fourth up). Rare chords borrow
   their shape: the counts are smoothed towards the chord quality's melody above its root (every
-  key and root pooled), `backoff` bars' worth;
+  key and root pooled), weighing as much as `backoff` counted notes;
 - the progression: the next chord given the last one, in the key (pop progressions are
   key-relative: I-V-vi-IV), per mode, and the first chord;
 - the key: uniform at the start, and a small chance per bar to change (a modulation, typically
