@@ -544,6 +544,8 @@ TRAIN_OPTIONS = {
                      "melodic intervals at any distance. Needs --parts; added to an --init-from model at zero.")),
     "bar_echo": ("Model", ("Every token also sees what came next at its place in the bar before (a drummer's "
                  "pattern, an accompaniment's figure). Added to an --init-from model at zero.")),
+    "echo_bars": ("Model", ("With --bar-echo: the bars it reads back. Each token sees what most of them had at "
+                  "its place (ties: the nearest bar), so a slip in one bar does not carry forward.")),
     "recall_lr_scale": ("Optimisation", ("The --pitch-memory and --bar-echo tables learn this many times faster than "
                         "the rest (they start at zero).")),
     "max_len": ("Model", ("Longest sequence of an absolute PE (ape, sinusoidal, axial; axial-continuous is scaled "
@@ -631,6 +633,7 @@ def train(
     short_conv: int | None = _train_option("short_conv", "--short-conv"),
     pitch_memory: bool | None = _train_option("pitch_memory", "--pitch-memory/--no-pitch-memory"),
     bar_echo: bool | None = _train_option("bar_echo", "--bar-echo/--no-bar-echo"),
+    echo_bars: int | None = _train_option("echo_bars", "--echo-bars"),
     recall_lr_scale: float | None = _train_option("recall_lr_scale", "--recall-lr-scale"),
     seed: int | None = _train_option("seed"),
     max_len: int | None = _train_option("max_len", "--max-len"),

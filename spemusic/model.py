@@ -94,10 +94,12 @@ class ModelConfig:
     short_conv: int = 0
     # what the model is told about its own stream (spemusic.recall); empty: none, as in models
     # trained before them. Pitch memory: the Program ids whose last pitch every token sees, and
-    # `pitch_range` the Pitch ids [lo, hi). Bar echo: [Bar id, first Position id, last + 1].
+    # `pitch_range` the Pitch ids [lo, hi). Bar echo: [Bar id, first Position id, last + 1], and
+    # `echo_bars` the bars it reads back (what most of them had at each place).
     pitch_memory: list = field(default_factory=list)
     pitch_range: list = field(default_factory=lambda: [0, 0])
     bar_echo: list = field(default_factory=list)
+    echo_bars: int = 1
 
     def __post_init__(self):
         if self.attention not in ATTENTION_OPTIONS:
@@ -124,6 +126,8 @@ class ModelConfig:
                                   and self.bar_echo[1] < self.bar_echo[2]):
             raise SpemusicError(f"model config: bar_echo must be [Bar id, first Position id, last + 1], "
                                 f"not {self.bar_echo!r}")
+        if not isinstance(self.echo_bars, int) or isinstance(self.echo_bars, bool) or not 1 <= self.echo_bars <= 8:
+            raise SpemusicError(f"model config: echo_bars must be an integer in 1 … 8, not {self.echo_bars!r}")
         for name in ("gated", "share_pe"):
             if not isinstance(getattr(self, name), bool):
                 raise SpemusicError(f"model config: {name} must be true or false, not {getattr(self, name)!r}")
@@ -472,7 +476,8 @@ class Performer(nn.Module):
             x = x + self.pitch_memory(rows).sum(-2).to(x.dtype)
         if self.bar_echo is not None:
             bar_id, lo, hi = self.cfg.bar_echo
-            echo, after["echo"] = echo_ids(ids, carry.get("echo"), bar_id, (lo, hi), self.cfg.vocab_size)
+            echo, after["echo"] = echo_ids(ids, carry.get("echo"), bar_id, (lo, hi), self.cfg.vocab_size,
+                                           self.cfg.echo_bars)
             x = x + self.bar_echo(echo).to(x.dtype)
         return self.drop(x), after
 

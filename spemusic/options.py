@@ -82,6 +82,7 @@ class TrainConfig:
     pitch_memory: bool = False   # every token sees the last pitch of each part (needs parts; added at zero to
                                  # a fine-tuned model without it)
     bar_echo: bool = False       # every token sees what came next at its place one bar back (added at zero)
+    echo_bars: int = 1           # with bar_echo: the bars it reads back, echoing what most of them had there
     recall_lr_scale: float = 10.0  # the stream features' tables learn this many times faster than the rest
 
     def check(self) -> None:
@@ -109,6 +110,8 @@ class TrainConfig:
             raise OptionError("{lr} must be positive")
         if self.recall_lr_scale <= 0:
             raise OptionError("{recall_lr_scale} must be positive")
+        if not 1 <= self.echo_bars <= 8:
+            raise OptionError("{echo_bars} must be in 1 … 8 (got {value})", value=self.echo_bars)
         for name in ("warmup", "feature_redraw", "transpose"):
             if getattr(self, name) < 0:
                 raise OptionError("{%s} must be at least 0" % name)

@@ -11,6 +11,9 @@ off the ids, the same on the parallel path and one token at a time, carried acro
   At a note's end that is where the last bar's next onset fell; at a Position, which drum or pitch
   it opened with. A drummer's pattern is a bar (about 75 tokens) back: linear attention blurs it,
   and a model that cannot look it up exactly cannot copy it.
+  Over several bars (`bars` > 1) the echo is what most of the last `bars` bars had there, ties
+  going to the nearest bar: the pattern held, not the last bar. A generated bar is the model's
+  own, so an echo of it alone copies each slip forward; the bars around a slip outvote it.
 
 Both are embeddings added to the token embedding, initialised at zero: added to a trained model,
 they change nothing until training moves them.
@@ -45,12 +48,14 @@ def pitch_memory(ids: torch.Tensor, carry: torch.Tensor | None, programs: torch.
     return held + 129 * torch.arange(S, device=ids.device), torch.cat([ids[:, -1:], held[:, -1]], 1)
 
 
-def bar_echo(ids: torch.Tensor, tail: torch.Tensor | None, bar_id: int, position_range, none_id: int) -> tuple:
+def bar_echo(ids: torch.Tensor, tail: torch.Tensor | None, bar_id: int, position_range, none_id: int,
+             bars: int = 1) -> tuple:
     """For ids (B, T), the token that followed one bar earlier at each one's place, or at the last
-    place before it (B, T), `none_id` where the bar before is not in the context; and the tail to carry (B, ECHO_CONTEXT): the
-    last tokens, -1 before the start of the piece. `tail` None: the ids open the context (a
-    training window). What comes before the context's first Bar (BOS, or a bar cut by the window)
-    is never echoed."""
+    place before it (B, T), `none_id` where the bar before is not in the context; with `bars` > 1,
+    the token most of the last `bars` bars had there (ties: the nearest bar's). And the tail to
+    carry (B, ECHO_CONTEXT): the last tokens, -1 before the start of the piece. `tail` None: the ids
+    open the context (a training window). What comes before the context's first Bar (BOS, or a
+    bar cut by the window) is never echoed."""
     B, T = ids.shape
     seq = ids if tail is None else torch.cat([tail, ids], 1)
     N = seq.shape[1]
@@ -66,17 +71,35 @@ def bar_echo(ids: torch.Tensor, tail: torch.Tensor | None, bar_id: int, position
     width = (hi - lo + 1) * ECHO_PLACES
     key = bar * width + pos * ECHO_PLACES + place  # increasing along each row
     key = torch.where(bar >= 1, key, -1)  # before the first Bar: never matched (targets are at least 0)
-    mine = key[:, N - T:]
-    # the same place one bar back, or the last place before it in that bar (a drummer's onset a
-    # grid step early or late; an onset with fewer notes): every bar opens on its Bar token, so
-    # one is found wherever the bar before lies in the context
-    at = (torch.searchsorted(key.contiguous(), (mine - width).contiguous(), right=True) - 1).clamp(0, max(N - 2, 0))
-    found = (mine >= width) & (key.gather(1, at) // width == mine // width - 1)  # (never with N < 2: no bar before)
-    echo = torch.where(found, seq.gather(1, (at + 1).clamp(max=N - 1)), none_id)
+    mine, key = key[:, N - T:], key.contiguous()
+    echoes = torch.stack([_echo_back(seq, key, mine, width, j, none_id) for j in range(1, bars + 1)], -1)
     keep = seq[:, -ECHO_CONTEXT:]
     if keep.shape[1] < ECHO_CONTEXT:
         keep = torch.cat([keep.new_full((B, ECHO_CONTEXT - keep.shape[1]), -1), keep], 1)
-    return echo, keep
+    return _most_held(echoes, none_id), keep
+
+
+def _echo_back(seq: torch.Tensor, key: torch.Tensor, mine: torch.Tensor, width: int, bars: int,
+               none_id: int) -> torch.Tensor:
+    """The token that followed the same place `bars` bars back, or the last place before it in
+    that bar (a drummer's onset a grid step early or late; an onset with fewer notes): every bar
+    opens on its Bar token, so one is found wherever that bar lies in the context."""
+    N = seq.shape[1]
+    at = (torch.searchsorted(key, (mine - width * bars).contiguous(), right=True) - 1).clamp(0, max(N - 2, 0))
+    found = (mine >= width * bars) & (key.gather(1, at) // width == mine // width - bars)  # (never with N < 2)
+    return torch.where(found, seq.gather(1, (at + 1).clamp(max=N - 1)), none_id)
+
+
+def _most_held(echoes: torch.Tensor, none_id: int) -> torch.Tensor:
+    """(B, T, K) echoes, nearest bar first -> (B, T): the one most of them agree on, ties going to
+    the nearest bar; `none_id` where none was found."""
+    K = echoes.shape[-1]
+    if K == 1:
+        return echoes[..., 0]
+    found = echoes != none_id
+    votes = ((echoes[..., :, None] == echoes[..., None, :]) & found[..., None, :]).sum(-1) * found
+    nearest_first = torch.arange(K - 1, -1, -1, device=echoes.device)
+    return echoes.gather(-1, (votes * K + nearest_first).argmax(-1, keepdim=True))[..., 0]
 
 
 __all__ = ["ECHO_CONTEXT", "bar_echo", "pitch_memory"]

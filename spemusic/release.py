@@ -45,7 +45,8 @@ def export(src: Path, dest: Path, name: str, data: Path, credit: str, command: s
     within = report.mean_between(0, seq_len)
     beyond = report.mean_between(seq_len, eval_len)
     cfg = model.cfg.to_dict()
-    recall = "".join(text for key, text in (("pitch_memory", ", pitch memory of the parts"), ("bar_echo", ", bar echo"))
+    echo = ", bar echo" + (f" over {cfg['echo_bars']} bars" if cfg.get("echo_bars", 1) > 1 else "")
+    recall = "".join(text for key, text in (("pitch_memory", ", pitch memory of the parts"), ("bar_echo", echo))
                      if cfg.get(key))
     card = f"""# {name}
 

@@ -54,9 +54,9 @@ def with_vocabulary(model: Performer, old: REMITokenizer, new: REMITokenizer, li
     return wider
 
 
-def bar_echo_config(tokenizer: REMITokenizer) -> dict:
-    """The model config field of a bar echo over the tokenizer's bars and positions."""
-    return {"bar_echo": [tokenizer.bar_id, *tokenizer.range("Position")]}
+def bar_echo_config(tokenizer: REMITokenizer, bars: int = 1) -> dict:
+    """The model config fields of a bar echo over the tokenizer's bars and positions, `bars` back."""
+    return {"bar_echo": [tokenizer.bar_id, *tokenizer.range("Position")], "echo_bars": bars}
 
 
 def pitch_memory_config(tokenizer: REMITokenizer) -> dict:
@@ -432,7 +432,7 @@ def model_config(run: Run, base_model: Performer | None, tokenizer: REMITokenize
         return ModelConfig.from_dict(run.record["model"])
     if base_model is None:
         recall = {**(pitch_memory_config(tokenizer) if cfg.pitch_memory else {}),
-                  **(bar_echo_config(tokenizer) if cfg.bar_echo else {})}
+                  **(bar_echo_config(tokenizer, cfg.echo_bars) if cfg.bar_echo else {})}
         extra = {"short_conv": cfg.short_conv} if cfg.short_conv >= 0 else {}
         return ModelConfig.preset(cfg.preset, vocab_size=len(tokenizer), **recall, pe=cfg.pe, gated=cfg.gated,
                                   attention=cfg.attention, max_len=cfg.max_len or max(cfg.seq_len, 2048), **extra)
@@ -444,8 +444,8 @@ def model_config(run: Run, base_model: Performer | None, tokenizer: REMITokenize
         model_cfg = replace(model_cfg, short_conv=cfg.short_conv)
     if cfg.pitch_memory and not model_cfg.pitch_memory:  # (a model that has them keeps its own)
         model_cfg = replace(model_cfg, **pitch_memory_config(tokenizer))
-    if cfg.bar_echo and not model_cfg.bar_echo:
-        model_cfg = replace(model_cfg, **bar_echo_config(tokenizer))
+    if cfg.bar_echo:  # added, or read over `echo_bars` bars from now on
+        model_cfg = replace(model_cfg, **bar_echo_config(tokenizer, cfg.echo_bars))
     if model_cfg.has_absolute_pe and cfg.seq_len > model_cfg.max_len:
         raise OptionError("{seq_len} {n} is past {model}'s absolute positions ({limit}); SPE models have no such "
                           "limit", n=cfg.seq_len, model=cfg.init_from, limit=model_cfg.max_len)

@@ -705,24 +705,34 @@ def _bar_stream(batch: int, bars: int, seed: int) -> torch.Tensor:
     return torch.tensor([r[:n] for r in rows])
 
 
-def _echo_reference(seq: list[int]) -> list[int]:
-    """bar_echo by its definition, one token at a time: -1 where no bar before is known."""
+def _echo_reference(seq: list[int], bars: int = 1) -> list[int]:
+    """bar_echo by its definition, one token at a time: -1 where no bar before is known. Over
+    several bars, the echo most of them give (ties: the nearest bar's)."""
+    from collections import Counter
+
     from spemusic.recall import ECHO_PLACES
 
-    out, prev, cur = [], None, []
-    pos = since = bars = 0
+    out, done, cur = [], [], None  # done: the finished bars, nearest last
+    pos = since = 0
     for tok in seq:
         if tok == 1:  # what came before the first Bar is never echoed
-            bars += 1
-            prev, cur, pos, since = (cur if bars >= 2 else None), [], 0, 0
+            if cur is not None:
+                done.append(cur)
+            cur, pos, since = [], 0, 0
         elif 2 <= tok < 50:
             pos, since = tok - 2 + 1, 0
         else:
             since += 1
         place = (pos, min(since, ECHO_PLACES - 1))
-        earlier = [(p, i) for p, i in (prev or []) if p <= place]
-        out.append(seq[max(earlier)[1] + 1] if earlier else -1)
-        cur.append((place, len(out) - 1))
+        echoes = []
+        for bar in done[::-1][:bars] if cur is not None else []:
+            earlier = [(p, i) for p, i in bar if p <= place]
+            if earlier:
+                echoes.append(seq[max(earlier)[1] + 1])
+        votes = Counter(echoes)
+        out.append(max(echoes, key=lambda e: votes[e]) if echoes else -1)  # max keeps the first (nearest) of a tie
+        if cur is not None:
+            cur.append((place, len(out) - 1))
     return out
 
 
@@ -760,3 +770,38 @@ def test_bar_echo_is_the_next_token_one_bar_back_and_the_same_one_token_at_a_tim
         outs.append(logits[:, None])
     assert (torch.cat(outs, 1) - full[:, :300]).abs().max().item() <= 1e-4
     assert (m.prime(ids[:, :1])[0] - full[:, :1]).abs().max().item() <= 1e-4
+
+
+def test_bar_echo_over_several_bars_is_what_most_of_them_had_and_the_same_one_token_at_a_time():
+    from dataclasses import replace
+
+    from spemusic.recall import bar_echo
+    from spemusic.train import widened
+
+    ids = _bar_stream(2, 60, seed=4)
+    held, _ = bar_echo(ids, None, 1, (2, 50), 150, bars=4)
+    last, _ = bar_echo(ids, None, 1, (2, 50), 150)
+    for b in range(2):
+        assert [e if e != 150 else -1 for e in held[b].tolist()] == _echo_reference(ids[b].tolist(), bars=4)
+    assert (held != last).float().mean() > 0.1  # it is not the last bar's echo
+    # one slip in a repeated bar: the next bar still echoes the pattern, not the slip
+    bar = [1, 2, 60, 61, 62, 10, 70, 71, 72]
+    slipped = bar[:6] + [80] + bar[7:]
+    seq = torch.tensor([bar * 3 + slipped + bar])
+    one, _ = bar_echo(seq, None, 1, (2, 50), 150)
+    four, _ = bar_echo(seq, None, 1, (2, 50), 150, bars=4)
+    at = 4 * len(bar) + 5  # the last bar's Position_8: what came next there
+    assert one[0, at].item() == 80 and four[0, at].item() == 70
+    torch.manual_seed(0)
+    base = Performer(ModelConfig.preset("tiny", vocab_size=150)).eval()
+    m = widened(base, replace(base.cfg, bar_echo=[1, 2, 50], echo_bars=4)).eval()
+    m.resample(2)
+    with torch.no_grad():
+        m.bar_echo.weight.normal_(0.0, 1.0)
+        full = m(ids)
+    lp, st = m.prime(ids[:, :500], chunk=200)
+    outs = [lp]
+    for t in range(500, ids.shape[1]):
+        logits, st = m.step(st, ids[:, t])
+        outs.append(logits[:, None])
+    assert (torch.cat(outs, 1) - full).abs().max().item() <= 1e-4
