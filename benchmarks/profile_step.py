@@ -23,7 +23,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from spemusic import ModelConfig, Performer
 from spemusic.attention import favor_attention_training
 from spemusic.compiled import compiled
-from spemusic.fused import gelu_linear, norm_linear
+from spemusic.fused import norm_linear
 from spemusic.model import short_conv
 from spemusic.train import build_optimizer
 
@@ -59,7 +59,7 @@ def parts(model: Performer, B: int, T: int):
         x = leaf(B, T, d)
         qkv = norm_linear(x, blk.ln1, att.qkv.weight, att.qkv.bias)
         o = att.out(leaf(B, T, d, name="o"))
-        y = gelu_linear(norm_linear(x, blk.ln2, blk.ff1.weight, blk.ff1.bias), blk.ff2)
+        y = blk.ffn(x)
         backward(qkv, o, y)
     out.append(("linear layers and their norms (qkv, out, FFN)", cfg.n_layers, linears))
 
@@ -82,8 +82,9 @@ def parts(model: Performer, B: int, T: int):
     def attention():  # as in training: a compiled region each way
         mm_dtype = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else None
         with torch.autocast("cpu", enabled=False):
-            o = favor_attention_training(leaf(B, H, T, dk, name="q"), leaf(B, H, T, dk, name="k") * 0.3,
-                                         leaf(B, H, T, D, name="v"), om, dk ** -0.5, cfg.chunk_size, mm_dtype)
+            o, _ = favor_attention_training(leaf(B, H, T, dk, name="q"), leaf(B, H, T, dk, name="k") * 0.3,
+                                            leaf(B, H, T, D, name="v"), omega=om, scale2=dk ** -0.5,
+                                            chunk_size=cfg.chunk_size, mm_dtype=mm_dtype)
         backward(o)
     out.append((f"FAVOR+ φ(q̂), φ(k̂), chunked attention ({cfg.chunk_size})", cfg.n_layers, attention))
 

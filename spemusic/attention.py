@@ -1,5 +1,14 @@
-"""Attention kernels: FAVOR+ features, chunked causal linear attention, its
-recurrent step, and softmax attention with a KV cache.
+"""Attention kernels: FAVOR+ features, causal linear attention in its chunked, recurrent and
+naive forms, and softmax attention with a KV cache.
+
+Every form of linear attention has one signature, as in flash-linear-attention:
+
+    o, final_state = form(q, k, v, initial_state=None, output_final_state=False, *, eps=…, …)
+
+q, k (B, H, T, M) are feature maps (φ(q̂), φ(k̂)), v (B, H, T, Dv); a state is S = Σ φ(k) [v, 1]ᵀ
+(B, H, M, Dv+1) fp32, the normaliser z in its last column; final_state is None unless asked for.
+initial_state is never modified. favor_attention and favor_attention_training take the
+unmapped q̂, k̂ (φ is taken inside) with the same signature.
 
 FAVOR+ (Choromanski et al. 2021) approximates exp(q·k) by φ(q)·φ(k) with
 positive random features φ(x) = exp(ωᵀx - |x|²/2) / √M and orthogonal ω.
@@ -15,7 +24,7 @@ non-causal and cannot be reproduced step by step, so:
   above by a constant of the (fixed) features (≈ dk/2 + a few √dk), so
   exp() and the running sums cannot overflow in fp32.
 
-Both the chunked and the recurrent paths compute exactly this function
+The chunked, recurrent and naive forms compute exactly this function
 (up to float summation order); the running state S = Σ φ(k) [v, 1]ᵀ (the
 normaliser z is the last column) is always kept in fp32, also under bf16
 autocast.
@@ -35,10 +44,10 @@ __all__ = [
     "favor_key",
     "favor_key_constants",
     "chunked_linear_attention",
+    "recurrent_linear_attention",
+    "naive_linear_attention",
     "favor_attention",
     "favor_attention_training",
-    "linear_attention_step",
-    "linear_attention_reference",
     "KVCache",
     "EPS",
 ]
@@ -119,54 +128,107 @@ def _chunk_outputs(q, k, vv, prev):
 
 
 def chunked_linear_attention(
-    qf: torch.Tensor,
-    kf: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
     v: torch.Tensor,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+    *,
     chunk_size: int = 128,
-    state: torch.Tensor | None = None,
-    return_state: bool = False,
     eps: float = EPS,
     mm_dtype: torch.dtype | None = None,
 ):
-    """Causal linear attention o_t = Σ_{s≤t} (qf_t·kf_s) v_s / Σ_{s≤t} qf_t·kf_s.
+    """Causal linear attention o_t = Σ_{s≤t} (q_t·k_s) v_s / Σ_{s≤t} q_t·k_s, a chunk at a time.
 
-    qf, kf: (B, H, T, M) feature maps; v: (B, H, T, Dv). Inside each chunk of C
+    q, k: (B, H, T, M) feature maps; v: (B, H, T, Dv). Inside each chunk of C
     positions: the masked C×C product; across chunks: one state per chunk
-    S_c = Σ_{s∈c} kf_s [v_s, 1]ᵀ (M × (Dv+1)) and its exclusive cumsum. Memory
+    S_c = Σ_{s∈c} k_s [v_s, 1]ᵀ (M × (Dv+1)) and its exclusive cumsum. Memory
     O(T·(M + Dv + C) + T/C·M·Dv): never the per-position outer products.
 
-    state: optional (B, H, M, Dv+1) running state of earlier positions.
+    initial_state: the running state (B, H, M, Dv+1) of earlier positions, continued.
     mm_dtype: the products' input dtype (bf16 in training under autocast: each product's sums
     still accumulate in fp32 and the running state is summed in fp32); None: fp32 throughout.
-    Returns o (B, H, T, Dv) fp32 [, final state (B, H, M, Dv+1) fp32].
+    Returns (o (B, H, T, Dv) fp32, the final state (B, H, M, Dv+1) fp32 or None).
     """
     mm = mm_dtype or torch.float32
-    with torch.autocast(device_type=qf.device.type, enabled=False):
-        T, Dv = qf.shape[2], v.shape[-1]
+    with torch.autocast(device_type=q.device.type, enabled=False):
+        T, Dv = q.shape[2], v.shape[-1]
         C = max(1, min(chunk_size, T))
         # padded keys are zero features: no contribution anywhere (incl. final state)
-        q, k, vv = _chunks(qf.to(mm), C), _chunks(kf.to(mm), C), _chunks(_ones_col(v.to(mm)), C)
-        cum = (k.transpose(-1, -2) @ vv).float().cumsum(2)  # the chunk states' running sums
+        qc, kc, vv = _chunks(q.to(mm), C), _chunks(k.to(mm), C), _chunks(_ones_col(v.to(mm)), C)
+        cum = (kc.transpose(-1, -2) @ vv).float().cumsum(2)  # the chunk states' running sums
         prev = _before_each_chunk(cum)
-        if state is not None:
-            prev = prev + state[:, :, None].float()
-        out = _chunk_outputs(q, k, vv, prev.to(mm))[:, :, :T]
+        if initial_state is not None:
+            prev = prev + initial_state[:, :, None].float()
+        out = _chunk_outputs(qc, kc, vv, prev.to(mm))[:, :, :T]
         o = out[..., :Dv] / (out[..., Dv:] + eps)
-        if not return_state:
-            return o
+        if not output_final_state:
+            return o, None
         final = cum[:, :, -1]
-        if state is not None:
-            final = final + state.float()
+        if initial_state is not None:
+            final = final + initial_state.float()
         return o, final
 
 
-def favor_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, omega: torch.Tensor, scale2: float,
-                    chunk_size: int, mm_dtype: torch.dtype | None = None) -> torch.Tensor:
-    """FAVOR+ causal attention of q, k (B, H, T, dk) and v: φ(q), φ(k) in fp32, then the chunked
-    linear attention (omega and scale2 as for favor_query / favor_key). The training step computes
-    the same with favor_attention_training (its own backward pass); this is its reference."""
+def recurrent_linear_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+    *,
+    eps: float = EPS,
+):
+    """The same function a position at a time, S ← S + k_t [v_t, 1]ᵀ, o_t = q_t·S / (q_t·z + eps):
+    generation's form, one token per call (or a few). Shapes as chunked_linear_attention; the
+    products in fp32. Returns (o (B, H, T, Dv) fp32, the final state or None)."""
+    B, H, T, M = q.shape
+    Dv = v.shape[-1]
+    if initial_state is None:
+        s = q.new_zeros(B * H, M, Dv + 1, dtype=torch.float32)
+    else:
+        s = initial_state.float().reshape(B * H, M, Dv + 1)
+    v1 = _ones_col(v.float())
+    outs = []
+    for t in range(T):
+        s = torch.baddbmm(s, k[:, :, t].float().reshape(B * H, M, 1), v1[:, :, t].reshape(B * H, 1, Dv + 1))
+        out = torch.bmm(q[:, :, t].float().reshape(B * H, 1, M), s).view(B, H, Dv + 1)
+        outs.append(out[..., :Dv] / (out[..., Dv:] + eps))
+    return torch.stack(outs, 2), s.view(B, H, M, Dv + 1) if output_final_state else None
+
+
+def naive_linear_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+    *,
+    eps: float = EPS,
+):
+    """The same function as an O(T²) masked product, in float64: the others' reference, for tests.
+    Returns (o (B, H, T, Dv), the final state or None), float64."""
+    q, k, v1 = q.double(), k.double(), _ones_col(v.double())
+    T = q.shape[-2]
+    a = (q @ k.transpose(-1, -2)) * torch.ones(T, T, dtype=torch.float64, device=q.device).tril()
+    out = a @ v1  # every position's [numerator, denominator]
+    final = k.transpose(-1, -2) @ v1
+    if initial_state is not None:
+        out = out + q @ initial_state.double()
+        final = final + initial_state.double()
+    o = out[..., :-1] / (out[..., -1:] + eps)
+    return o, final if output_final_state else None
+
+
+def favor_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, initial_state: torch.Tensor | None = None,
+                    output_final_state: bool = False, *, omega: torch.Tensor, scale2: float, chunk_size: int = 128,
+                    mm_dtype: torch.dtype | None = None):
+    """FAVOR+ causal attention of q̂, k̂ (B, H, T, dk) and v: φ(q̂), φ(k̂) in fp32, then
+    chunked_linear_attention (omega and scale2 as for favor_query / favor_key). The training
+    step computes the same with favor_attention_training (its own backward pass); this is its
+    reference, and the parallel pass's form outside training."""
     return chunked_linear_attention(favor_query(q.float(), omega), favor_key(k.float(), omega, scale2), v,
-                                    chunk_size, mm_dtype=mm_dtype)
+                                    initial_state, output_final_state, chunk_size=chunk_size, mm_dtype=mm_dtype)
 
 
 class _FavorAttention(torch.autograd.Function):
@@ -200,13 +262,16 @@ class _FavorAttention(torch.autograd.Function):
         return gq.to(ctx.q_dtype), gk.to(k.dtype), gv.to(v.dtype), None, None, None, None, None
 
 
-def favor_attention_training(q, k, v, omega, scale2: float, chunk_size: int, mm_dtype=None,
-                             out_dtype=torch.float32) -> torch.Tensor:
-    """favor_attention (q, k, v (B, H, T, .) -> o (B, H, T, Dv) in out_dtype) for the training step:
-    the same function and gradients, in less memory (_FavorAttention). o is a view of a
-    (B, T, H, Dv) tensor, so the heads' concatenation before the output projection copies nothing.
-    omega gets no gradient (FAVOR+'s features are fixed)."""
-    return _FavorAttention.apply(q, k, v, omega, scale2, chunk_size, mm_dtype, out_dtype).transpose(1, 2)
+def favor_attention_training(q, k, v, initial_state=None, output_final_state: bool = False, *, omega,
+                             scale2: float, chunk_size: int = 128, mm_dtype=None, out_dtype=torch.float32):
+    """favor_attention for the training step: the same function and gradients, in less memory
+    (_FavorAttention); o (B, H, T, Dv) in out_dtype, a view of a (B, T, H, Dv) tensor, so the
+    heads' concatenation before the output projection copies nothing. A training sequence starts
+    from no state and keeps none: initial_state must be None and output_final_state False (the
+    final state returned is None). omega gets no gradient (FAVOR+'s features are fixed)."""
+    if initial_state is not None or output_final_state:
+        raise ValueError("favor_attention_training neither continues nor returns a state: use favor_attention")
+    return _FavorAttention.apply(q, k, v, omega, scale2, chunk_size, mm_dtype, out_dtype).transpose(1, 2), None
 
 
 def _favor_forward(q, k, v, omega, scale2, chunk_size, mm, out_dtype):
@@ -251,29 +316,6 @@ def _favor_backward(grad, k, v, omega, qf, kf, den, o, scale2, chunk_size, mm):
     gk = gpk @ omega - scale2 * k.float() * gpk.sum(-1, keepdim=True)
     gv = gvv.flatten(2, 3)[:, :, :T, :Dv]
     return gq, gk, gv
-
-
-def linear_attention_step(qf: torch.Tensor, kf: torch.Tensor, v: torch.Tensor, state: torch.Tensor, eps: float = EPS):
-    """One recurrent step, in place on ``state``.
-
-    qf, kf: (B, H, M); v: (B, H, Dv); state: (B, H, M, Dv+1) fp32, updated as
-    S ← S + kf [v, 1]ᵀ. Returns o (B, H, Dv) fp32.
-    """
-    B, H, M = qf.shape
-    Dv = v.shape[-1]
-    s = state.view(B * H, M, Dv + 1)
-    v1 = _ones_col(v.float()).view(B * H, 1, Dv + 1)
-    s.baddbmm_(kf.float().reshape(B * H, M, 1), v1)
-    out = torch.bmm(qf.float().reshape(B * H, 1, M), s).view(B, H, Dv + 1)
-    return out[..., :Dv] / (out[..., Dv:] + eps)
-
-
-def linear_attention_reference(qf, kf, v, eps: float = EPS):
-    """Naive O(T²) masked linear attention, for tests."""
-    qf, kf, v = qf.double(), kf.double(), v.double()
-    T = qf.shape[-2]
-    a = (qf @ kf.transpose(-1, -2)) * torch.ones(T, T, dtype=torch.float64, device=qf.device).tril()
-    return (a @ v) / (a.sum(-1, keepdim=True) + eps)
 
 
 class KVCache:

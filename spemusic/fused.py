@@ -5,7 +5,7 @@ here keeps only what its backward needs (tensors held anyway, or cheap to recomp
 the same values and gradients (tests/test_model.py compares each with its plain expression):
 
     norm_linear(x, norm, W, b)    = F.linear(norm(x), W, b)
-    gelu_linear(u, linear)        = linear(F.gelu(u))
+    gelu_linear(u, W, b)          = F.linear(F.gelu(u), W, b)
     sine_filter(x, trig, …)       = the sineSPE filter (SineFilter: its formula)
 
 Outside training (no gradient) the plain expressions run.
@@ -47,10 +47,11 @@ class NormLinear(torch.autograd.Function):
 
 
 def norm_linear(x: torch.Tensor, norm: nn.LayerNorm, weight: torch.Tensor, bias: torch.Tensor | None):
-    """linear(norm(x)); in training, through NormLinear (less memory, same gradients)."""
+    """linear(norm(x)); in training, through NormLinear (less memory, same gradients). Outside
+    training norm(x) goes in the weight's dtype (the step's plan may hold half-precision weights)."""
     if norm.training and torch.is_grad_enabled():
         return NormLinear.apply(x, norm.weight, norm.bias, norm.eps, weight, bias)
-    return F.linear(norm(x), weight, bias)
+    return F.linear(norm(x).to(weight.dtype), weight, bias)
 
 
 class GeluLinear(torch.autograd.Function):
@@ -73,11 +74,12 @@ class GeluLinear(torch.autograd.Function):
         return grad_u, g.T @ a, g.sum(0)
 
 
-def gelu_linear(u: torch.Tensor, linear: nn.Linear) -> torch.Tensor:
-    """linear(gelu(u)); in training, through GeluLinear (less memory, same gradients)."""
-    if linear.training and torch.is_grad_enabled():
-        return GeluLinear.apply(u, linear.weight, linear.bias)
-    return linear(F.gelu(u))
+def gelu_linear(u: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """linear(gelu(u), weight, bias); where a gradient is wanted, through GeluLinear (less memory,
+    same gradients)."""
+    if torch.is_grad_enabled() and (u.requires_grad or weight.requires_grad):
+        return GeluLinear.apply(u, weight, bias)
+    return F.linear(F.gelu(u), weight, bias)
 
 
 

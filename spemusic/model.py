@@ -30,12 +30,10 @@ from torch import nn
 
 from spemusic.attention import (
     KVCache,
-    chunked_linear_attention,
+    favor_attention,
     favor_attention_training,
-    favor_key,
-    favor_query,
-    linear_attention_step,
     orthogonal_features,
+    recurrent_linear_attention,
 )
 from spemusic.compiled import compiled
 from spemusic.errors import SpemusicError
@@ -191,6 +189,11 @@ class ModelConfig:
         return cls(**d)
 
 
+def _weights(linear: nn.Linear, dtype: torch.dtype) -> tuple:
+    """A linear layer's (weight, bias) for the step's plan, in dtype (the same tensors when fp32)."""
+    return linear.weight.detach().to(dtype), linear.bias.detach().to(dtype)
+
+
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -232,22 +235,14 @@ class Attention(nn.Module):
             dev = x.device.type
             mm_dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else None
             with torch.autocast(device_type=dev, enabled=False):
-                om = self.scaled_omega()
-                training = self.training and torch.is_grad_enabled() and not want_state
-                # under autocast the chunk products run in its dtype (the state sums stay fp32)
-                if training:
+                kw = dict(omega=self.scaled_omega(), scale2=self.dk ** -0.5, chunk_size=self.cfg.chunk_size)
+                if self.training and torch.is_grad_enabled() and not want_state and state is None:
                     # φ and the chunk products (compiled regions where inductor is available), with a
-                    # backward pass that recomputes the chunk products instead of keeping them
-                    res = favor_attention_training(q, k, v, om, self.dk ** -0.5, self.cfg.chunk_size, mm_dtype,
-                                                   v.dtype)
+                    # backward pass that recomputes the chunk products instead of keeping them; under
+                    # autocast the chunk products run in its dtype (the state sums stay fp32)
+                    o, _ = favor_attention_training(q, k, v, **kw, mm_dtype=mm_dtype, out_dtype=v.dtype)
                 else:
-                    qf, kf = favor_query(q.float(), om), favor_key(k.float(), om, self.dk ** -0.5)
-                    res = chunked_linear_attention(qf, kf, v, self.cfg.chunk_size, state=state,
-                                                   return_state=want_state)
-            if want_state:
-                o, st = res
-            else:
-                o = res
+                    o, st = favor_attention(q, k, v, state, want_state, **kw)
             o = o.to(v.dtype)
         elif state is not None:  # continue a KV cache: every cached key, then causal within x
             st = state
@@ -264,16 +259,15 @@ class Attention(nn.Module):
         y = self.drop(self.out(o.transpose(1, 2).reshape(B, T, d)))
         return y, st
 
-    def step(self, h: torch.Tensor, lp: LayerPlan, plan: StepPlan, S) -> torch.Tensor:
-        """The recurrent form of forward, for one token: h = norm(x) (B, d) -> (B, d) before the
-        output projection; the running state S (or KV cache) is updated in place. The SPE code
-        at this position is already in the plan's buffer (Performer.step), gates folded in:
-        q̂ = q · (√(1-g) ⊙ Q̄_t + √g ⊙ ε), one batched product for q̂ and k̂, and one for ω·q̂, ω·k̂."""
-        B = h.shape[0]
+    def step(self, x: torch.Tensor, norm: nn.LayerNorm, lp: LayerPlan, plan: StepPlan, S):
+        """forward for one token, with the plan's weights: x (B, d) -> (output (B, d), the state S or
+        KV cache after it). The SPE code at this position is already in the plan's buffer
+        (Performer.step), gates folded in: q̂ = q · (√(1-g) ⊙ Q̄_t + √g ⊙ ε), one batched product
+        for q̂ and k̂."""
+        B = x.shape[0]
         H, D = self.cfg.n_heads, self.cfg.d_head
         d = H * D
-        w, b = lp.qkv
-        qkv = F.linear(h.to(w.dtype), w, b).float()
+        qkv = norm_linear(x, norm, *lp.qkv).float()
         qk = qkv[:, : 2 * d].view(B, 2 * H, D).transpose(0, 1)  # (2H, B, D): q heads, then k heads
         if lp.code is None:
             xh = qk
@@ -281,20 +275,36 @@ class Attention(nn.Module):
             if lp.gate is not None:
                 qk = (qk[:, :, None] * lp.gate).view(2 * H, B, 2 * D)  # [q ⊙ √(1-g), q ⊙ √g]
             xh = torch.bmm(qk, lp.code)  # q̂, k̂: (2H, B, dk)
-        v = qkv[:, 2 * d:].view(B, H, D)
-        if lp.omega_t is None:  # softmax with a KV cache
+        v = qkv[:, 2 * d:].view(B, H, 1, D)
+        if lp.omega is None:  # softmax with a KV cache
             q = xh[:H].transpose(0, 1)[:, :, None]
-            kk, vv = S.append(xh[H:].transpose(0, 1)[:, :, None], v[:, :, None])
-            return F.scaled_dot_product_attention(q, kk.to(q.dtype), vv.to(q.dtype))[:, :, 0].reshape(B, d)
-        p = torch.matmul(xh, lp.omega_t)  # (2H, B, M): ω·q̂, ω·k̂
-        pq, pk = p[:H], p[H:]
-        pq.sub_(pq.amax(-1, keepdim=True))  # query stabiliser (cancels in the output)
-        dk = xh.shape[-1]
-        xk = xh[H:].reshape(H * B, 1, dk)
-        sq = torch.baddbmm(plan.key_offset, xk, xk.transpose(1, 2), alpha=plan.key_scale)  # (H·B, 1, 1)
-        pk.sub_(sq.view(H, B, 1))
-        p.exp_()  # φ(q̂), φ(k̂) (attention.favor_query / favor_key), in one pass
-        return linear_attention_step(pq.transpose(0, 1), pk.transpose(0, 1), v, S).reshape(B, d)
+            kk, vv = S.append(xh[H:].transpose(0, 1)[:, :, None], v)
+            o = F.scaled_dot_product_attention(q, kk.to(q.dtype), vv.to(q.dtype))
+        else:
+            p = torch.matmul(xh, lp.omega.T)  # (2H, B, M): ω·q̂, ω·k̂
+            pq, pk = p[:H], p[H:]
+            pq.sub_(pq.amax(-1, keepdim=True))  # query stabiliser (cancels in the output)
+            dk = xh.shape[-1]
+            xk = xh[H:].reshape(H * B, 1, dk)
+            sq = torch.baddbmm(plan.key_offset, xk, xk.transpose(1, 2), alpha=plan.key_scale)  # (H·B, 1, 1)
+            pk.sub_(sq.view(H, B, 1))
+            p.exp_()  # φ(q̂), φ(k̂) (attention.favor_query / favor_key), in one pass
+            o, S = recurrent_linear_attention(pq.transpose(0, 1)[:, :, None], pk.transpose(0, 1)[:, :, None], v, S,
+                                              True)
+        w, b = lp.out
+        return F.linear(o.reshape(B, d).to(w.dtype), w, b), S
+
+    @torch.no_grad()
+    def plan(self, weights_dtype: torch.dtype) -> dict:
+        """What the step needs of this layer (LayerPlan's fields): the linear weights in
+        weights_dtype, FAVOR+'s features with their data scaling (None: softmax), and the gate
+        as [√(1-g), √g] per q and k head (None: no gated SPE)."""
+        gate = None
+        if self.filter is not None and self.filter.gated:
+            g = self.filter.gate_values()  # (H, D)
+            gate = torch.stack((torch.sqrt(1 - g), torch.sqrt(g)), 1).repeat(2, 1, 1)[:, None]
+        return dict(qkv=_weights(self.qkv, weights_dtype), out=_weights(self.out, weights_dtype),
+                    omega=self.scaled_omega() if self.favor else None, gate=gate)
 
     def empty_state(self, batch: int, device):
         if self.favor:
@@ -331,9 +341,11 @@ class Block(nn.Module):
         self.ff2 = nn.Linear(cfg.d_ff, cfg.d_model)
         self.drop = nn.Dropout(cfg.dropout)
 
-    def ffn(self, x):
-        u = norm_linear(x, self.ln2, self.ff1.weight, self.ff1.bias)
-        return self.drop(gelu_linear(u, self.ff2))
+    def ffn(self, x: torch.Tensor, weights=None) -> torch.Tensor:
+        """The feed-forward sublayer before its dropout, linear(gelu(linear(ln2(x)))), with this
+        layer's weights or `weights`, ((w1, b1), (w2, b2)) from the step's plan."""
+        (w1, b1), (w2, b2) = weights or ((self.ff1.weight, self.ff1.bias), (self.ff2.weight, self.ff2.bias))
+        return gelu_linear(norm_linear(x, self.ln2, w1, b1), w2, b2)
 
     def forward(self, x, ctx, want_state=False, state=None, past=None):
         """-> (output, attention state or None, the last K inputs newest first or None).
@@ -354,22 +366,27 @@ class Block(nn.Module):
                 x = x + short_conv(x, self.shift, before)
         a, st = self.attn(x, self.ln1, ctx, want_state, state)
         x = x + a
-        return x + self.ffn(x), st, history
+        return x + self.drop(self.ffn(x)), st, history
 
-    def step(self, x: torch.Tensor, lp: LayerPlan, plan: StepPlan, S, history: torch.Tensor | None):
-        """The recurrent form of forward, for one token: x (B, d) -> (output, the block's last K
-        inputs newest first, or None); S updated in place. Linear layers use the plan's weights."""
+    def step(self, x: torch.Tensor, lp: LayerPlan, plan: StepPlan, state, past: torch.Tensor | None):
+        """forward for one token, with the plan's weights: x (B, d) -> (output, attention state,
+        the last K inputs newest first or None). `state`, `past`: as for forward (past: a short
+        convolution's last K inputs, None without one). Dropout is not applied."""
+        history = None
         if lp.shift is not None:  # the short convolution over the block's last K inputs
-            shifted = x + torch.einsum("bkd,kd->bd", history, lp.shift)
-            history = torch.cat((x[:, None], history[:, :-1]), 1)
+            shifted = x + torch.einsum("bkd,kd->bd", past, lp.shift)
+            history = torch.cat((x[:, None], past[:, :-1]), 1)
             x = shifted
-        o = self.attn.step(self.ln1(x), lp, plan, S)
-        w, b = lp.out
-        x = x + F.linear(o.to(w.dtype), w, b)
-        w1, b1 = lp.ff1
-        w2, b2 = lp.ff2
-        u = F.gelu(F.linear(self.ln2(x).to(w1.dtype), w1, b1))
-        return x + F.linear(u, w2, b2), history
+        a, state = self.attn.step(x, self.ln1, lp, plan, state)
+        x = x + a
+        return x + self.ffn(x, lp.ff), state, history
+
+    @torch.no_grad()
+    def plan(self, weights_dtype: torch.dtype) -> LayerPlan:
+        """What the step needs of this layer (recurrent.build_plan: the linear weights in weights_dtype)."""
+        return LayerPlan(**self.attn.plan(weights_dtype),
+                         ff=(_weights(self.ff1, weights_dtype), _weights(self.ff2, weights_dtype)),
+                         shift=self.shift.detach().float() if self.shift is not None else None)
 
 
 class Performer(nn.Module):
@@ -606,8 +623,9 @@ class Performer(nn.Module):
                     plan.code_buf[i, :, :, 0].copy_(qk)
             x, state.recall = self.embed(next_ids[:, None], t, state.recall)
             x = x[:, 0].float()
-            for i, (blk, lp, S) in enumerate(zip(self.blocks, plan.layers, state.layers)):
-                x, history = blk.step(x, lp, plan, S, state.histories[i] if lp.shift is not None else None)
+            for i, (blk, lp) in enumerate(zip(self.blocks, plan.layers)):
+                past = state.histories[i] if lp.shift is not None else None
+                x, state.layers[i], history = blk.step(x, lp, plan, state.layers[i], past)
                 if history is not None:
                     state.histories[i] = history
             out = self._read_out(x, want_hidden)

@@ -34,14 +34,15 @@ Linear = tuple  # (weight, bias) in the plan's weights dtype
 
 @dataclass
 class LayerPlan:
+    """What the step needs of one layer (Block.plan)."""
+
     qkv: Linear
     out: Linear
-    ff1: Linear
-    ff2: Linear
-    omega_t: torch.Tensor | None  # (dk, M) FAVOR+ projection, data scaling folded in
-    code: torch.Tensor | None = None  # (2H, D or 2D, R) view of StepPlan.code_buf (SPE)
-    gate: torch.Tensor | None = None  # (2H, 1, 2, D): [√(1-g), √g] per q/k head (gated SPE)
-    shift: torch.Tensor | None = None  # (K, d) fp32 short-convolution weights (short_conv)
+    omega: torch.Tensor | None  # (M, dk) FAVOR+ features, data scaling folded in; None: softmax
+    gate: torch.Tensor | None  # (2H, 1, 2, D): [√(1-g), √g] per q/k head (gated SPE)
+    ff: tuple  # the feed-forward's two Linears
+    shift: torch.Tensor | None  # (K, d) fp32 short-convolution weights (short_conv)
+    code: torch.Tensor | None = None  # (2H, D or 2D, R) view of StepPlan.code_buf (SPE), set by build_plan
 
 
 @dataclass
@@ -93,18 +94,11 @@ class State:
         return n + sum(h.numel() * h.element_size() for h in self.histories)
 
 
-def _linear(lin, dtype) -> Linear:
-    return lin.weight.detach().to(dtype), lin.bias.detach().to(dtype)  # the same tensors when fp32
-
-
 @torch.no_grad()
 def build_plan(model, codes, weights_dtype: torch.dtype = torch.float32) -> StepPlan:
     cfg = model.cfg
     H, D, R = cfg.n_heads, cfg.d_head, cfg.n_realizations
-    layers = [LayerPlan(_linear(b.attn.qkv, weights_dtype), _linear(b.attn.out, weights_dtype),
-                        _linear(b.ff1, weights_dtype), _linear(b.ff2, weights_dtype),
-                        b.attn.scaled_omega().T.contiguous() if b.attn.favor else None,
-                        shift=b.shift.detach().float() if b.shift is not None else None) for b in model.blocks]
+    layers = [b.plan(weights_dtype) for b in model.blocks]
     code_buf = None
     if codes is not None:
         # the step writes Q̄_t, K̄_t into code_buf; the gated filter of a layer is then one
@@ -113,11 +107,8 @@ def build_plan(model, codes, weights_dtype: torch.dtype = torch.float32) -> Step
         code_buf = torch.zeros(len(codes), 2, H, rows, D, R, device=model.device)
         if cfg.gated:
             code_buf[:, :, :, 1] = torch.stack([c.eps for c in codes])[:, None]
-        for i, (lp, blk) in enumerate(zip(layers, model.blocks)):
+        for i, lp in enumerate(layers):
             lp.code = code_buf[i if len(codes) > 1 else 0].view(2 * H, rows * D, R)
-            if cfg.gated:
-                g = blk.attn.filter.gate_values()  # (H, D)
-                lp.gate = torch.stack((torch.sqrt(1 - g), torch.sqrt(g)), 1).repeat(2, 1, 1)[:, None]
     key_scale, key_offset = favor_key_constants(model.blocks[0].attn.dk ** -0.5, cfg.n_features)
     offset = torch.full((1, 1, 1), key_offset, device=model.device)
     return StepPlan(weights_dtype, layers, codes, code_buf, key_scale, offset)

@@ -38,9 +38,11 @@ def _favor_training_against_autograd(mm_dtype, T, out_dtype=torch.float32, backw
     v = torch.randn(B, H, T, Dv, requires_grad=True)
     omega = torch.randn(M, dk) * dk ** -0.25
     g = torch.randn(B, H, T, Dv)
-    plain = favor_attention(q, k, v, omega, dk ** -0.5, 32, mm_dtype).to(out_dtype)
+    kw = dict(omega=omega, scale2=dk ** -0.5, chunk_size=32, mm_dtype=mm_dtype)
+    plain = favor_attention(q, k, v, **kw)[0].to(out_dtype)
     plain_grads = torch.autograd.grad((plain.float() * g).sum(), (q, k, v))
-    fast = favor_attention_training(q, k, v, omega, dk ** -0.5, 32, mm_dtype, out_dtype)
+    fast, none = favor_attention_training(q, k, v, **kw, out_dtype=out_dtype)
+    assert none is None  # a training sequence keeps no state
     assert fast.dtype == out_dtype and fast.transpose(1, 2).is_contiguous()  # the heads' concatenation: a view
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=backward_autocast):  # as the trainer calls it
         fast_grads = torch.autograd.grad((fast.float() * g).sum(), (q, k, v))
@@ -97,8 +99,8 @@ def test_bf16_chunk_products_keep_the_attention_state_fp32():
     B, H, T, M, Dv = 2, 3, 200, 16, 8
     qf, kf = torch.rand(B, H, T, M) + 0.1, torch.rand(B, H, T, M) + 0.1
     v = torch.randn(B, H, T, Dv)
-    o32, s32 = chunked_linear_attention(qf, kf, v, chunk_size=32, return_state=True)
-    o16, s16 = chunked_linear_attention(qf, kf, v, chunk_size=32, return_state=True, mm_dtype=torch.bfloat16)
+    o32, s32 = chunked_linear_attention(qf, kf, v, None, True, chunk_size=32)
+    o16, s16 = chunked_linear_attention(qf, kf, v, None, True, chunk_size=32, mm_dtype=torch.bfloat16)
     assert o16.dtype == torch.float32 and s16.dtype == torch.float32
     torch.testing.assert_close(o16, o32, rtol=0, atol=2e-2)
     # bf16 inputs (8-bit mantissas) to sums of 200 terms: within 2% of the state's scale
@@ -124,7 +126,7 @@ def test_a_compiled_training_step_has_autograds_gradients(compiling, monkeypatch
     fast = gradients()
     assert compiled.unavailable() is None
     monkeypatch.setattr(spemusic.model, "favor_attention_training",
-                        lambda q, k, v, om, scale2, C, mm, out: favor_attention(q, k, v, om, scale2, C, mm).to(out))
+                        lambda *args, out_dtype, **kw: (favor_attention(*args, **kw)[0].to(out_dtype), None))
     with torch._dynamo.config.patch(disable=True):
         assert compiled.unavailable() is not None
         plain = gradients()

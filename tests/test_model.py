@@ -6,14 +6,7 @@ import math
 import pytest
 import torch
 
-from spemusic.attention import (
-    chunked_linear_attention,
-    favor_key,
-    favor_query,
-    linear_attention_reference,
-    linear_attention_step,
-    orthogonal_features,
-)
+from spemusic.attention import orthogonal_features
 from spemusic.errors import SpemusicError
 from spemusic.model import ModelConfig, Performer
 from spemusic.spe import ConvSPE, SineSPE, SPEFilter
@@ -92,6 +85,31 @@ def test_parallel_equals_recurrent(pe, gated, attention, short_conv):
             assert s.dtype == torch.float32
 
 
+def _forward_and_steps(m, ids) -> torch.Tensor:
+    """The parallel pass's logits, checked against the recurrent path's from the start."""
+    with torch.no_grad():
+        full = m(ids)
+    st = m.init_state(ids.shape[0])
+    stepped = torch.stack([m.step(st, ids[:, t])[0] for t in range(ids.shape[1])], 1)
+    assert (stepped - full).abs().max().item() <= 1e-4
+    return full
+
+
+@pytest.mark.parametrize("short_conv", [0, 4])
+def test_forward_and_step_share_the_ffn(monkeypatch, short_conv):
+    """The FFN is written once (Block.ffn): changed, it changes the parallel pass and the step
+    alike, which still agree."""
+    from spemusic.model import Block
+
+    m = _model(pe="sinespe", short_conv=short_conv)
+    m.resample(7)
+    ids = torch.randint(0, V, (2, 40), generator=torch.Generator().manual_seed(1))
+    before = _forward_and_steps(m, ids)
+    ffn = Block.ffn
+    monkeypatch.setattr(Block, "ffn", lambda self, x, weights=None: 2 * ffn(self, x, weights))
+    assert (_forward_and_steps(m, ids) - before).abs().max() > 1.0
+
+
 @pytest.mark.parametrize("pe,gated,attention,short_conv", [c if len(c) == 4 else (*c, 4) for c in PE_CASES])
 def test_prime_in_chunks_equals_one_pass(pe, gated, attention, short_conv):
     """A long prompt is primed a chunk at a time (flat memory): the same logits and the same state
@@ -123,7 +141,7 @@ def test_half_precision_step_weights(pe, gated, dtype, tol):
     with torch.no_grad():
         full = m(ids)
     _, st = m.prime(ids[:, :100], weights_dtype=dtype)
-    assert all(lp.qkv[0].dtype == dtype and lp.ff2[0].dtype == dtype for lp in st.plan.layers)
+    assert all(lp.qkv[0].dtype == dtype and lp.ff[1][0].dtype == dtype for lp in st.plan.layers)
     outs = []
     for t in range(100, 300):
         logits, st = m.step(st, ids[:, t])
@@ -450,28 +468,7 @@ def test_spe_and_continuous_axial_have_no_length_limit(pe):
 
 
 # ----------------------------------------------------------------------- attention kernels
-
-
-def test_chunked_equals_naive_reference():
-    g = torch.Generator().manual_seed(0)
-    B, H, T, M, Dv = 2, 3, 203, 16, 8
-    omega = orthogonal_features(M, 12, g) * 12**-0.25
-    q, k = 2 * torch.randn(B, H, T, 12, generator=g), 2 * torch.randn(B, H, T, 12, generator=g)
-    v = torch.randn(B, H, T, Dv, generator=g)
-    qf, kf = favor_query(q, omega), favor_key(k, omega, 12**-0.5)
-    ref = linear_attention_reference(qf, kf, v)
-    for C in (1, 16, 64, 256):
-        out, S = chunked_linear_attention(qf, kf, v, chunk_size=C, return_state=True)
-        assert (out.double() - ref).abs().max() < 1e-5, C
-        full_state = torch.einsum("bhtm,bhtd->bhmd", kf.double(), torch.cat((v, torch.ones(B, H, T, 1)), -1).double())
-        assert (S.double() - full_state).abs().max() <= 1e-5 * full_state.abs().max()
-    # continuing from a state == one long call; and the recurrent step
-    o1, S1 = chunked_linear_attention(qf[:, :, :100], kf[:, :, :100], v[:, :, :100], 32, return_state=True)
-    o2 = chunked_linear_attention(qf[:, :, 100:], kf[:, :, 100:], v[:, :, 100:], 32, state=S1)
-    assert (torch.cat((o1, o2), 2).double() - ref).abs().max() < 1e-5
-    S = torch.zeros(B, H, M, Dv + 1)
-    steps = torch.stack([linear_attention_step(qf[:, :, t], kf[:, :, t], v[:, :, t], S) for t in range(T)], 2)
-    assert (steps.double() - ref).abs().max() < 1e-5
+# (the forms of linear attention: tests/test_attention.py)
 
 
 def test_orthogonal_features():
