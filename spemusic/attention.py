@@ -79,18 +79,21 @@ def favor_query(x: torch.Tensor, omega: torch.Tensor) -> torch.Tensor:
     return torch.exp(p - p.amax(-1, keepdim=True).detach())
 
 
-def favor_key(x: torch.Tensor, omega: torch.Tensor, scale2: float) -> torch.Tensor:
+def favor_key(x: torch.Tensor, omega: torch.Tensor, scale2: float, sq_norm: torch.Tensor | None = None) -> torch.Tensor:
     """φ for keys, unstabilised (bounded above, see module doc). scale2 = dk^(-1/2)
-    (the square of the data scaling folded in omega)."""
+    (the square of the data scaling folded in omega). sq_norm: ‖x‖² (..., 1) as the caller
+    computed it (the recurrent step: see Attention.step); None: the sum of squares."""
     p = x @ omega.T
     a, b = favor_key_constants(scale2, omega.shape[0])
-    return torch.exp(p - ((x * x).sum(-1, keepdim=True) * a + b))
+    if sq_norm is None:
+        sq_norm = (x * x).sum(-1, keepdim=True)
+    return torch.exp(p - (sq_norm * a + b))
 
 
 def favor_key_constants(scale2: float, n_features: int) -> tuple[float, float]:
     """φ(k) = exp(ω·k - a‖k‖² - b): a = scale2 / 2, b = log √M. The 1/√M factor goes inside the
     exponent: exp's output is then φ(k) itself, the one (.., M) tensor autograd keeps (a scaled
-    copy would keep a second one). Shared by favor_key and the recurrent step."""
+    copy would keep a second one)."""
     return 0.5 * scale2, math.log(math.sqrt(n_features))
 
 

@@ -32,6 +32,8 @@ from spemusic.attention import (
     KVCache,
     favor_attention,
     favor_attention_training,
+    favor_key,
+    favor_query,
     orthogonal_features,
     recurrent_linear_attention,
 )
@@ -49,7 +51,7 @@ from spemusic.options import (  # noqa: F401  (re-exported: the configs' choices
 )
 from spemusic.positional import AbsolutePE, build_absolute_pe
 from spemusic.recall import bar_echo as echo_ids, pitch_memory as memory_rows
-from spemusic.recurrent import LayerPlan, State, StepPlan, build_plan
+from spemusic.recurrent import LayerPlan, State, build_plan
 from spemusic.spe import ConvSPE, SineSPE, SPECodes, SPEFilter, mix_seed
 
 __all__ = ["ModelConfig", "Performer", "State"]
@@ -259,7 +261,7 @@ class Attention(nn.Module):
         y = self.drop(self.out(o.transpose(1, 2).reshape(B, T, d)))
         return y, st
 
-    def step(self, x: torch.Tensor, norm: nn.LayerNorm, lp: LayerPlan, plan: StepPlan, S):
+    def step(self, x: torch.Tensor, norm: nn.LayerNorm, lp: LayerPlan, S):
         """forward for one token, with the plan's weights: x (B, d) -> (output (B, d), the state S or
         KV cache after it). The SPE code at this position is already in the plan's buffer
         (Performer.step), gates folded in: q̂ = q · (√(1-g) ⊙ Q̄_t + √g ⊙ ε), one batched product
@@ -281,16 +283,14 @@ class Attention(nn.Module):
             kk, vv = S.append(xh[H:].transpose(0, 1)[:, :, None], v)
             o = F.scaled_dot_product_attention(q, kk.to(q.dtype), vv.to(q.dtype))
         else:
-            p = torch.matmul(xh, lp.omega.T)  # (2H, B, M): ω·q̂, ω·k̂
-            pq, pk = p[:H], p[H:]
-            pq.sub_(pq.amax(-1, keepdim=True))  # query stabiliser (cancels in the output)
-            dk = xh.shape[-1]
-            xk = xh[H:].reshape(H * B, 1, dk)
-            sq = torch.baddbmm(plan.key_offset, xk, xk.transpose(1, 2), alpha=plan.key_scale)  # (H·B, 1, 1)
-            pk.sub_(sq.view(H, B, 1))
-            p.exp_()  # φ(q̂), φ(k̂) (attention.favor_query / favor_key), in one pass
-            o, S = recurrent_linear_attention(pq.transpose(0, 1)[:, :, None], pk.transpose(0, 1)[:, :, None], v, S,
-                                              True)
+            # φ of q̂, k̂ as the product wrote them (H, B, dk), then (B, H, 1, M). ‖k̂‖² as a batched
+            # product, as the step has always taken it: the parallel pass's sum of squares rounds
+            # differently, and sampled pieces follow the logits' last bits
+            xk = xh[H:].reshape(H * B, 1, -1)
+            sq = torch.bmm(xk, xk.transpose(1, 2)).view(H, B, 1)
+            qf = favor_query(xh[:H], lp.omega).transpose(0, 1)[:, :, None]
+            kf = favor_key(xh[H:], lp.omega, self.dk ** -0.5, sq).transpose(0, 1)[:, :, None]
+            o, S = recurrent_linear_attention(qf, kf, v, S, True)
         w, b = lp.out
         return F.linear(o.reshape(B, d).to(w.dtype), w, b), S
 
@@ -368,7 +368,7 @@ class Block(nn.Module):
         x = x + a
         return x + self.drop(self.ffn(x)), st, history
 
-    def step(self, x: torch.Tensor, lp: LayerPlan, plan: StepPlan, state, past: torch.Tensor | None):
+    def step(self, x: torch.Tensor, lp: LayerPlan, state, past: torch.Tensor | None):
         """forward for one token, with the plan's weights: x (B, d) -> (output, attention state,
         the last K inputs newest first or None). `state`, `past`: as for forward (past: a short
         convolution's last K inputs, None without one). Dropout is not applied."""
@@ -377,7 +377,7 @@ class Block(nn.Module):
             shifted = x + torch.einsum("bkd,kd->bd", past, lp.shift)
             history = torch.cat((x[:, None], past[:, :-1]), 1)
             x = shifted
-        a, state = self.attn.step(x, self.ln1, lp, plan, state)
+        a, state = self.attn.step(x, self.ln1, lp, state)
         x = x + a
         return x + self.ffn(x, lp.ff), state, history
 
@@ -625,7 +625,7 @@ class Performer(nn.Module):
             x = x[:, 0].float()
             for i, (blk, lp) in enumerate(zip(self.blocks, plan.layers)):
                 past = state.histories[i] if lp.shift is not None else None
-                x, state.layers[i], history = blk.step(x, lp, plan, state.layers[i], past)
+                x, state.layers[i], history = blk.step(x, lp, state.layers[i], past)
                 if history is not None:
                     state.histories[i] = history
             out = self._read_out(x, want_hidden)

@@ -10,7 +10,8 @@ The step computes the same function as the parallel path (tests: ≤ 1e-4 in fp3
 operations: at batch 1 a step is ~150 small kernels, whose count costs as much as the weight
 bytes each token reads. Per token, the SPE code at t is formed once for every layer (gates
 folded in: q̂ = q · (√(1-g) ⊙ Q̄_t + √g ⊙ ε)); per layer, q̂ and k̂ come from one batched
-product, φ(q̂), φ(k̂) from one more and one exp.
+product. φ, the FFN and the linear attention are the parallel pass's own code (favor_query,
+favor_key, Block.ffn; recurrent_linear_attention is chunked_linear_attention's recurrent form).
 
 ``weights_dtype=torch.float16`` (or bfloat16) keeps a half-precision copy of the linear layers'
 weights for the step (activations, SPE, attention and its state stay fp32; products accumulate
@@ -25,7 +26,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from spemusic.attention import KVCache, favor_key_constants
+from spemusic.attention import KVCache
 
 __all__ = ["LayerPlan", "State", "StepPlan", "build_plan"]
 
@@ -52,8 +53,6 @@ class StepPlan:
     codes: list | None  # the SPE draw (per SPE module) the state belongs to
     # scratch rewritten by every step: (n SPE modules, 2, H, 2 or 1, D, R) = [Q̄_t, ε] / [K̄_t, ε]
     code_buf: torch.Tensor | None
-    key_scale: float  # φ(k) = exp(ω·k̂ - key_scale ‖k̂‖² - key_offset) (attention.favor_key_constants)
-    key_offset: torch.Tensor  # (1, 1, 1)
 
 
 @dataclass
@@ -109,6 +108,4 @@ def build_plan(model, codes, weights_dtype: torch.dtype = torch.float32) -> Step
             code_buf[:, :, :, 1] = torch.stack([c.eps for c in codes])[:, None]
         for i, lp in enumerate(layers):
             lp.code = code_buf[i if len(codes) > 1 else 0].view(2 * H, rows * D, R)
-    key_scale, key_offset = favor_key_constants(model.blocks[0].attn.dk ** -0.5, cfg.n_features)
-    offset = torch.full((1, 1, 1), key_offset, device=model.device)
-    return StepPlan(weights_dtype, layers, codes, code_buf, key_scale, offset)
+    return StepPlan(weights_dtype, layers, codes, code_buf)

@@ -110,6 +110,25 @@ def test_forward_and_step_share_the_ffn(monkeypatch, short_conv):
     assert (_forward_and_steps(m, ids) - before).abs().max() > 1.0
 
 
+@pytest.mark.parametrize("pe,gated", [("sinespe", True), ("convspe", False), ("none", True)])
+@pytest.mark.parametrize("name", ["favor_query", "favor_key"])
+def test_forward_and_step_share_phi(monkeypatch, name, pe, gated):
+    """FAVOR+'s φ is written once (attention.favor_query, favor_key): another feature map in its
+    place changes the parallel pass and the step alike, which still agree."""
+    import spemusic.attention
+    import spemusic.model
+
+    m = _model(pe=pe, gated=gated)
+    m.resample(7)
+    ids = torch.randint(0, V, (2, 40), generator=torch.Generator().manual_seed(1))
+    before = _forward_and_steps(m, ids)
+    phi = getattr(spemusic.attention, name)
+    assert getattr(spemusic.model, name) is phi
+    for module in (spemusic.attention, spemusic.model):
+        monkeypatch.setattr(module, name, lambda *args: phi(*args) ** 2)  # another positive feature map
+    assert (_forward_and_steps(m, ids) - before).abs().max() > 1.0
+
+
 @pytest.mark.parametrize("pe,gated,attention,short_conv", [c if len(c) == 4 else (*c, 4) for c in PE_CASES])
 def test_prime_in_chunks_equals_one_pass(pe, gated, attention, short_conv):
     """A long prompt is primed a chunk at a time (flat memory): the same logits and the same state
