@@ -191,13 +191,15 @@ def recurrent_linear_attention(
         s = q.new_zeros(B * H, M, Dv + 1, dtype=torch.float32)
     else:
         s = initial_state.float().reshape(B * H, M, Dv + 1)
-    v1 = _ones_col(v.float())
+    # (B·H, ·, ·) for the batched products: q and [v, 1] by rows, k by columns
+    q, k = q.float().reshape(B * H, T, M), k.float().reshape(B * H, T, M).transpose(1, 2)
+    v1 = _ones_col(v.float()).view(B * H, T, Dv + 1)
     outs = []
     for t in range(T):
-        s = torch.baddbmm(s, k[:, :, t].float().reshape(B * H, M, 1), v1[:, :, t].reshape(B * H, 1, Dv + 1))
-        out = torch.bmm(q[:, :, t].float().reshape(B * H, 1, M), s).view(B, H, Dv + 1)
-        outs.append(out[..., :Dv] / (out[..., Dv:] + eps))
-    return torch.stack(outs, 2), s.view(B, H, M, Dv + 1) if output_final_state else None
+        s = torch.baddbmm(s, k[:, :, t:t + 1], v1[:, t:t + 1])
+        outs.append(torch.bmm(q[:, t:t + 1], s))
+    out = (outs[0] if T == 1 else torch.cat(outs, 1)).view(B, H, T, Dv + 1)
+    return out[..., :Dv] / (out[..., Dv:] + eps), s.view(B, H, M, Dv + 1) if output_final_state else None
 
 
 def naive_linear_attention(

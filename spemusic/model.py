@@ -288,8 +288,8 @@ class Attention(nn.Module):
             # differently, and sampled pieces follow the logits' last bits
             xk = xh[H:].reshape(H * B, 1, -1)
             sq = torch.bmm(xk, xk.transpose(1, 2)).view(H, B, 1)
-            qf = favor_query(xh[:H], lp.omega).transpose(0, 1)[:, :, None]
-            kf = favor_key(xh[H:], lp.omega, self.dk ** -0.5, sq).transpose(0, 1)[:, :, None]
+            qf = favor_query(xh[:H], lp.omega).transpose(0, 1).unsqueeze(2)
+            kf = favor_key(xh[H:], lp.omega, self.dk ** -0.5, sq).transpose(0, 1).unsqueeze(2)
             o, S = recurrent_linear_attention(qf, kf, v, S, True)
         w, b = lp.out
         return F.linear(o.reshape(B, d).to(w.dtype), w, b), S
