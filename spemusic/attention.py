@@ -70,24 +70,28 @@ def orthogonal_features(n_features: int, dim: int, generator: torch.Generator | 
     return norms[:, None] * w
 
 
-def favor_query(x: torch.Tensor, omega: torch.Tensor) -> torch.Tensor:
+def favor_query(x: torch.Tensor | None, omega: torch.Tensor, projection: torch.Tensor | None = None) -> torch.Tensor:
     """φ for queries, stabilised per position. x (..., dk) fp32, omega (M, dk)
-    already multiplied by the dk^(-1/4) data scaling."""
-    p = x @ omega.T
+    already multiplied by the dk^(-1/4) data scaling. projection: x @ omega.T where the caller
+    has it already (the recurrent step projects q̂ and k̂ in one product; x is then unused)."""
+    p = x @ omega.T if projection is None else projection
+    top = p.amax(-1, keepdim=True)
     # the per-position max cancels in the attention output, so no gradient flows through it:
     # detaching it is exact and spares autograd a (.., M) tensor per layer
-    return torch.exp(p - p.amax(-1, keepdim=True).detach())
+    return (p - (top.detach() if top.requires_grad else top)).exp_()
 
 
-def favor_key(x: torch.Tensor, omega: torch.Tensor, scale2: float, sq_norm: torch.Tensor | None = None) -> torch.Tensor:
+def favor_key(x: torch.Tensor, omega: torch.Tensor, scale2: float, offset: torch.Tensor | None = None,
+              projection: torch.Tensor | None = None) -> torch.Tensor:
     """φ for keys, unstabilised (bounded above, see module doc). scale2 = dk^(-1/2)
-    (the square of the data scaling folded in omega). sq_norm: ‖x‖² (..., 1) as the caller
-    computed it (the recurrent step: see Attention.step); None: the sum of squares."""
-    p = x @ omega.T
-    a, b = favor_key_constants(scale2, omega.shape[0])
-    if sq_norm is None:
-        sq_norm = (x * x).sum(-1, keepdim=True)
-    return torch.exp(p - (sq_norm * a + b))
+    (the square of the data scaling folded in omega). offset: a‖x‖² + b (..., 1)
+    (favor_key_constants) where the caller has it (the recurrent step: see Attention.step);
+    None: from the sum of squares. projection: as for favor_query."""
+    p = x @ omega.T if projection is None else projection
+    if offset is None:
+        a, b = favor_key_constants(scale2, omega.shape[0])
+        offset = (x * x).sum(-1, keepdim=True) * a + b
+    return (p - offset).exp_()
 
 
 def favor_key_constants(scale2: float, n_features: int) -> tuple[float, float]:
@@ -181,24 +185,29 @@ def recurrent_linear_attention(
     output_final_state: bool = False,
     *,
     eps: float = EPS,
+    in_place: bool = False,
 ):
     """The same function a position at a time, S ← S + k_t [v_t, 1]ᵀ, o_t = q_t·S / (q_t·z + eps):
     generation's form, one token per call (or a few). Shapes as chunked_linear_attention; the
-    products in fp32. Returns (o (B, H, T, Dv) fp32, the final state or None)."""
+    products in fp32. Returns (o (B, H, T, Dv) fp32, the final state or None).
+    in_place: the final state is written over initial_state (fp32, contiguous), as a decoder that
+    owns its state wants: a token's step then allocates no state."""
     B, H, T, M = q.shape
     Dv = v.shape[-1]
     if initial_state is None:
         s = q.new_zeros(B * H, M, Dv + 1, dtype=torch.float32)
+    elif in_place:
+        s = initial_state.view(B * H, M, Dv + 1)
     else:
-        s = initial_state.float().reshape(B * H, M, Dv + 1)
+        s = initial_state.float().reshape(B * H, M, Dv + 1).clone()
     # (B·H, ·, ·) for the batched products: q and [v, 1] by rows, k by columns
     q, k = q.float().reshape(B * H, T, M), k.float().reshape(B * H, T, M).transpose(1, 2)
     v1 = _ones_col(v.float()).view(B * H, T, Dv + 1)
-    outs = []
-    for t in range(T):
-        s = torch.baddbmm(s, k[:, :, t:t + 1], v1[:, t:t + 1])
-        outs.append(torch.bmm(q[:, t:t + 1], s))
-    out = (outs[0] if T == 1 else torch.cat(outs, 1)).view(B, H, T, Dv + 1)
+    if T == 1:
+        out = torch.bmm(q, s.baddbmm_(k, v1))
+    else:
+        out = torch.cat([torch.bmm(q[:, t:t + 1], s.baddbmm_(k[:, :, t:t + 1], v1[:, t:t + 1])) for t in range(T)], 1)
+    out = out.view(B, H, T, Dv + 1)
     return out[..., :Dv] / (out[..., Dv:] + eps), s.view(B, H, M, Dv + 1) if output_final_state else None
 
 

@@ -33,6 +33,7 @@ from spemusic.attention import (
     favor_attention,
     favor_attention_training,
     favor_key,
+    favor_key_constants,
     favor_query,
     orthogonal_features,
     recurrent_linear_attention,
@@ -283,14 +284,15 @@ class Attention(nn.Module):
             kk, vv = S.append(xh[H:].transpose(0, 1)[:, :, None], v)
             o = F.scaled_dot_product_attention(q, kk.to(q.dtype), vv.to(q.dtype))
         else:
-            # φ of q̂, k̂ as the product wrote them (H, B, dk), then (B, H, 1, M). ‖k̂‖² as a batched
-            # product, as the step has always taken it: the parallel pass's sum of squares rounds
-            # differently, and sampled pieces follow the logits' last bits
+            # φ of q̂, k̂ as the product wrote them (H, B, dk), read as (B, H, 1, M). φ(k̂)'s offset
+            # a‖k̂‖² + b as one batched product, as the step has always taken it: the parallel
+            # pass's sum of squares rounds differently, and sampled pieces follow the logits' last bits
             xk = xh[H:].reshape(H * B, 1, -1)
-            sq = torch.bmm(xk, xk.transpose(1, 2)).view(H, B, 1)
-            qf = favor_query(xh[:H], lp.omega).transpose(0, 1).unsqueeze(2)
-            kf = favor_key(xh[H:], lp.omega, self.dk ** -0.5, sq).transpose(0, 1).unsqueeze(2)
-            o, S = recurrent_linear_attention(qf, kf, v, S, True)
+            offset = torch.baddbmm(lp.key_offset, xk, xk.transpose(1, 2), alpha=lp.key_scale)
+            p = torch.matmul(xh, lp.omega_t).transpose(0, 1).unsqueeze(2)  # ω·q̂, ω·k̂ in one product
+            qf = favor_query(None, lp.omega, p[:, :H])
+            kf = favor_key(xk, lp.omega, self.dk ** -0.5, offset.view(H, B, 1, 1).transpose(0, 1), p[:, H:])
+            o, S = recurrent_linear_attention(qf, kf, v, S, True, in_place=True)
         w, b = lp.out
         return F.linear(o.reshape(B, d).to(w.dtype), w, b), S
 
@@ -303,8 +305,13 @@ class Attention(nn.Module):
         if self.filter is not None and self.filter.gated:
             g = self.filter.gate_values()  # (H, D)
             gate = torch.stack((torch.sqrt(1 - g), torch.sqrt(g)), 1).repeat(2, 1, 1)[:, None]
+        omega = self.scaled_omega() if self.favor else None
+        key = {}
+        if self.favor:
+            a, b = favor_key_constants(self.dk ** -0.5, self.cfg.n_features)
+            key = dict(key_scale=a, key_offset=torch.full((1, 1, 1), b, device=self.omega.device))
         return dict(qkv=_weights(self.qkv, weights_dtype), out=_weights(self.out, weights_dtype),
-                    omega=self.scaled_omega() if self.favor else None, gate=gate)
+                    omega=omega, omega_t=omega.T.contiguous() if self.favor else None, gate=gate, **key)
 
     def empty_state(self, batch: int, device):
         if self.favor:
