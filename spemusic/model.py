@@ -380,8 +380,9 @@ class Block(nn.Module):
         the last K inputs newest first or None). `state`, `past`: as for forward (past: a short
         convolution's last K inputs, None without one). Dropout is not applied."""
         history = None
-        if lp.shift is not None:  # the short convolution over the block's last K inputs
-            shifted = x + torch.einsum("bkd,kd->bd", past, lp.shift)
+        if lp.shift_t is not None:  # the short convolution over the block's last K inputs
+            # Σ_k past[b, k] ⊙ shift[k], as einsum computes it (one product per channel), without its dispatch
+            shifted = x + torch.bmm(lp.shift_t, past.permute(2, 1, 0)).view(x.shape[1], -1).T
             history = torch.cat((x[:, None], past[:, :-1]), 1)
             x = shifted
         a, state = self.attn.step(x, self.ln1, lp, state)
@@ -393,7 +394,7 @@ class Block(nn.Module):
         """What the step needs of this layer (recurrent.build_plan: the linear weights in weights_dtype)."""
         return LayerPlan(**self.attn.plan(weights_dtype),
                          ff=(_weights(self.ff1, weights_dtype), _weights(self.ff2, weights_dtype)),
-                         shift=self.shift.detach().float() if self.shift is not None else None)
+                         shift_t=self.shift.detach().float().T.contiguous()[:, None] if self.shift is not None else None)
 
 
 class Performer(nn.Module):
@@ -631,7 +632,7 @@ class Performer(nn.Module):
             x, state.recall = self.embed(next_ids[:, None], t, state.recall)
             x = x[:, 0].float()
             for i, (blk, lp) in enumerate(zip(self.blocks, plan.layers)):
-                past = state.histories[i] if lp.shift is not None else None
+                past = state.histories[i] if lp.shift_t is not None else None
                 x, state.layers[i], history = blk.step(x, lp, state.layers[i], past)
                 if history is not None:
                     state.histories[i] = history

@@ -43,7 +43,7 @@ class LayerPlan:
     omega_t: torch.Tensor | None  # omega.T, contiguous: the step's product
     gate: torch.Tensor | None  # (2H, 1, 2, D): [√(1-g), √g] per q/k head (gated SPE)
     ff: tuple  # the feed-forward's two Linears, ((w1, b1), (w2, b2))
-    shift: torch.Tensor | None  # (K, d) fp32 short-convolution weights (short_conv)
+    shift_t: torch.Tensor | None  # (d, 1, K) fp32 short-convolution weights (short_conv), a channel's taps per row
     code: torch.Tensor | None = None  # (2H, D or 2D, R) view of StepPlan.code_buf (SPE), set by build_plan
     # φ(k) = exp(ω·k - key_scale ‖k‖² - key_offset) (attention.favor_key_constants); key_offset (1, 1, 1)
     key_scale: float = 0.0
