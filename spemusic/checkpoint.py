@@ -28,6 +28,7 @@ from .device import require_available
 from .errors import SpemusicError
 from .memory import available_memory
 from .model import ModelConfig, Performer
+from .options import recorded_sampling
 from .tokenizer import REMITokenizer, TokenizerConfig
 
 FORMAT = "spemusic"
@@ -191,6 +192,7 @@ def load_model(name_or_path: str | Path = "pop-piano", device: str | torch.devic
     model.float().to(device).eval()
     model.trained_tokens = _trained_tokens(weights, meta["info"], len(tokenizer))
     model.release_name = meta["info"].get("name")  # its sampling defaults (SamplingOptions.for_model)
+    model.sampling_defaults = recorded_sampling(meta["info"].get("sampling"), str(weights))
     harmony = weights.parent / HARMONY_FILE
     model.harmony_file = harmony if tokenizer.config.chords and harmony.is_file() else None
     if return_info:

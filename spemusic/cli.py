@@ -152,7 +152,8 @@ def _sampling_options(info: dict, temperature: float, top_k: int, **asked):
     """The sampling options asked for (None: not given), the model's defaults where none was given."""
     from .sampling import SamplingOptions
 
-    return SamplingOptions.for_model(info.get("name"), temperature=temperature, top_k=top_k, **asked)
+    return SamplingOptions.for_model(info.get("name"), temperature=temperature, top_k=top_k, own=info.get("sampling"),
+                                     **asked)
 INTERRUPTED_AND_SAID = 1130  # exit code 130, after a command's own message about the interruption
 MAX_CHORD_STRENGTH = 100  # nats: e^-100 leaves nothing but the chord tones; more overflows the logits
 MAX_PIECES = 256  # pieces sampled in one batch (each holds its own state, grammar and sequence)

@@ -437,6 +437,7 @@ class Performer(nn.Module):
         # the name it was released under (set by load_model; None: not a release): the sampling
         # defaults spemusic.pieces and the commands give it (SamplingOptions.for_model)
         self.release_name = None
+        self.sampling_defaults = None  # the sampling defaults its checkpoint records (None: none)
         # the harmonizer's file beside the weights (set by load_model; None: none): accompany charts a
         # melody's chords with it (spemusic.harmony.chart_melody)
         self.harmony_file = None

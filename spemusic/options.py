@@ -165,11 +165,26 @@ MODEL_SAMPLING = {
 }
 
 
-def model_sampling(name: str | None, **asked) -> dict:
+def model_sampling(name: str | None, own: dict | None = None, **asked) -> dict:
     """The values of SAMPLING_DEFAULTS' keys for a model released as `name`: those `asked` (None:
-    not given), else the model's own defaults, else every model's."""
-    defaults = {**SAMPLING_DEFAULTS, **MODEL_SAMPLING.get(name or "", {})}
+    not given), else the defaults its checkpoint records (`own`, written by release), else
+    MODEL_SAMPLING's for its name (models released before checkpoints recorded them), else every
+    model's."""
+    defaults = {**SAMPLING_DEFAULTS, **MODEL_SAMPLING.get(name or "", {}), **(own or {})}
     return {k: defaults[k] if asked.get(k) is None else asked[k] for k in SAMPLING_DEFAULTS}
+
+
+def recorded_sampling(value, source: str) -> dict | None:
+    """A checkpoint's recorded sampling defaults (its info's "sampling"), checked: None where it
+    records none; a one-line error naming `source` where they are not SAMPLING_DEFAULTS' keys
+    with finite numbers."""
+    if value is None:
+        return None
+    if not isinstance(value, dict) or any(k not in SAMPLING_DEFAULTS for k in value) or not all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in value.values()):
+        raise SpemusicError(f"{source}: its sampling defaults are not {', '.join(SAMPLING_DEFAULTS)} with numbers "
+                            f"(got {value!r:.80})")
+    return {k: float(v) for k, v in value.items()}
 
 
 def check_layout(parts: bool, melody_first: bool, chords: bool, chord_every_bar: bool) -> None:

@@ -122,7 +122,8 @@ def continue_prompt(model: Performer, tokenizer: REMITokenizer, prompt: Prompt, 
 
 def _model_options(model: Performer, options: SamplingOptions | None) -> SamplingOptions:
     """The options given, else those `spemusic generate` samples this model with."""
-    return options if options is not None else SamplingOptions.for_model(model.release_name)
+    return options if options is not None else SamplingOptions.for_model(model.release_name,
+                                                                         own=model.sampling_defaults)
 
 
 def _pieces(model, tokenizer, prompt: Prompt | None, only_continuation: bool, *, key, overlaps, **sampling) -> Pieces:

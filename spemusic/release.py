@@ -15,18 +15,24 @@ from pathlib import Path
 import torch
 
 from .checkpoint import WEIGHTS, load_model, write_weights
+from .options import SAMPLING_DEFAULTS, model_sampling
 
 
 def export(src: Path, dest: Path, name: str, data: Path, credit: str, command: str, eval_len: int | None = None,
-           beats: Path | None = None, chords: Path | None = None) -> dict:
+           beats: Path | None = None, chords: Path | None = None, sampling: dict | None = None) -> dict:
+    """`sampling`: the sampling defaults the checkpoint records, beyond those of its name
+    (spemusic.options.model_sampling); generate, continue and spemusic.pieces sample it with them."""
     from .evaluate import evaluate_nll
+    from .sampling import SamplingOptions
 
     model, tok, info = load_model(src, return_info=True)
+    defaults = model_sampling(name, **(sampling or {}))
+    SamplingOptions(**defaults).check()
     shipped = copy.deepcopy(model)
     for p in shipped.parameters():  # parameters in fp16; buffers (FAVOR+ features) stay fp32
         p.data = p.data.half()
     dest.mkdir(parents=True, exist_ok=True)
-    info = {**info, "name": name, "data_name": credit, "data": Path(data).name}
+    info = {**info, "name": name, "data_name": credit, "data": Path(data).name, "sampling": defaults}
     if "trained_tokens" not in info:  # runs from before training recorded it (trained with the default transposition)
         from .data import open_dataset, trained_vocabulary
         from .train import TrainConfig
@@ -48,6 +54,7 @@ def export(src: Path, dest: Path, name: str, data: Path, credit: str, command: s
     echo = ", bar echo" + (f" over {cfg['echo_bars']} bars" if cfg.get("echo_bars", 1) > 1 else "")
     recall = "".join(text for key, text in (("pitch_memory", ", pitch memory of the parts"), ("bar_echo", echo))
                      if cfg.get(key))
+    sampling_flag = f" --sampling {','.join(f'{k}={v:g}' for k, v in sampling.items())}" if sampling else ""
     card = f"""# {name}
 
 A Performer (FAVOR+ linear attention) with gated sineSPE, shipped with spemusic. Trained on
@@ -69,6 +76,7 @@ the Groove MIDI Dataset (CC BY 4.0)" covers both shipped models.
 | valid NLL within the trained length (0–{seq_len}) | {within:.4f} |
 | valid NLL beyond it ({seq_len}–{eval_len}) | {beyond:.4f} |
 | valid nats per note / per bar (same span) | {report.nats_per_note:.4f} / {report.nats_per_bar:.2f} ({report.notes:,} notes, {report.bars:,} bars) |
+| sampling defaults (recorded in the checkpoint) | {", ".join(f"{k} {v:g}" for k, v in defaults.items())} |
 
 Reproduce the figures:
 
@@ -80,7 +88,7 @@ Reproduce the model:
 
 ```bash
 {command}
-python -m spemusic.release RUN_DIR/best checkpoints/{name} --name {name} --data {data} --credit "{credit}"{annotations}
+python -m spemusic.release RUN_DIR/best checkpoints/{name} --name {name} --data {data} --credit "{credit}"{annotations}{sampling_flag}
 ```
 """  # noqa: E501 - a row of the card's table is one line
     (dest / "README.md").write_text(card)
@@ -98,10 +106,24 @@ def main() -> None:
     ap.add_argument("--eval-len", type=int, default=None)
     ap.add_argument("--beats", type=Path, default=None, help="beat annotations of DATA (as for data prepare)")
     ap.add_argument("--chords", type=Path, default=None, help="chord annotations of DATA")
+    ap.add_argument("--sampling", type=_sampling_flag, default=None, metavar="KEY=VALUE,…",
+                    help=f"sampling defaults to record beyond the name's ({', '.join(SAMPLING_DEFAULTS)})")
     args = ap.parse_args()
     torch.manual_seed(0)
     print(json.dumps(export(args.src, args.dest, args.name, args.data, args.credit, args.command, args.eval_len,
-                            args.beats, args.chords)))
+                            args.beats, args.chords, args.sampling)))
+
+
+def _sampling_flag(text: str) -> dict:
+    """"top_p=0.8,bar_top_p=0.8" -> {"top_p": 0.8, "bar_top_p": 0.8} (argparse's type: a bad one is its error)."""
+    pairs = [item.partition("=") for item in text.split(",") if item]
+    bad = [k for k, eq, _ in pairs if k not in SAMPLING_DEFAULTS or not eq]
+    if bad:
+        raise argparse.ArgumentTypeError(f"{bad[0]!r} is not one of {', '.join(SAMPLING_DEFAULTS)} given as KEY=VALUE")
+    try:
+        return {k: float(v) for k, _, v in pairs}
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not KEY=NUMBER,…: {text!r}") from None
 
 
 if __name__ == "__main__":

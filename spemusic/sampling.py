@@ -59,11 +59,13 @@ class SamplingOptions:
         return CacheOptions(weight=self.repeat) if self.repeat > 0 else None
 
     @classmethod
-    def for_model(cls, name: str | None, temperature: float = 1.0, top_k: int = 0, **asked) -> SamplingOptions:
+    def for_model(cls, name: str | None, temperature: float = 1.0, top_k: int = 0, own: dict | None = None,
+                  **asked) -> SamplingOptions:
         """The options `spemusic generate` samples a model with: those asked (None: not given),
-        else the defaults of the model released as `name` (a loaded model's `release_name`; see
+        else the defaults its checkpoint records (`own`: a loaded model's `sampling_defaults`),
+        else those of the model released as `name` (its `release_name`; see
         spemusic.options.MODEL_SAMPLING), checked."""
-        options = cls(temperature=temperature, top_k=top_k, **model_sampling(name, **asked))
+        options = cls(temperature=temperature, top_k=top_k, **model_sampling(name, own, **asked))
         options.check()
         return options
 

@@ -726,16 +726,61 @@ def test_meter_holds_for_the_whole_piece_and_tempo_is_written_exactly(run_cli, t
     assert grammar.allowed(st)[lo:hi].any() and not steer.mask(st, 2, True)[lo:hi].any()
 
 
-def test_the_library_makes_the_music_the_command_makes(run_cli, tmp_path):
+@pytest.mark.parametrize("name", ["pop-piano", "groove"])
+def test_the_library_makes_the_music_the_command_makes(run_cli, tmp_path, name):
     """spemusic.pieces.generate with a shipped model and no options samples with generate's own
-    defaults for it: the same seed gives the same notes."""
+    defaults for it: the same seed gives the same bytes."""
     from spemusic import load_model
     from spemusic.pieces import generate
 
-    code, _, err = run_cli("generate", "--bars", 2, "--seed", 3, "-o", tmp_path / "cli.mid")
+    code, _, err = run_cli("generate", "--model", name, "--bars", 2, "--seed", 3, "-o", tmp_path / "cli.mid")
     assert code == 0, err
-    model, tok = load_model("pop-piano")
-    lib = generate(model, tok, bars=2, seed=3).midis[0]
-    cli = miditoolkit.MidiFile(str(tmp_path / "cli.mid"))
-    notes = lambda m: sorted((n.start, n.pitch, n.velocity) for i in m.instruments for n in i.notes)  # noqa: E731
-    assert notes(lib) == notes(cli) and notes(cli)
+    model, tok = load_model(name)
+    generate(model, tok, bars=2, seed=3).midis[0].dump(str(tmp_path / "lib.mid"))
+    assert (tmp_path / "lib.mid").read_bytes() == (tmp_path / "cli.mid").read_bytes()
+    assert miditoolkit.MidiFile(str(tmp_path / "cli.mid")).instruments[0].notes
+
+
+def test_a_checkpoint_carries_its_own_sampling_defaults(run_cli, tiny_checkpoint, tmp_path):
+    """Sampling defaults recorded in a checkpoint (release --sampling) are the ones generate and
+    spemusic.pieces sample it with; a record that is not theirs is one line."""
+    import json
+
+    import safetensors
+
+    from spemusic import load_model
+    from spemusic.checkpoint import WEIGHTS, write_weights
+    from spemusic.options import SAMPLING_DEFAULTS
+    from spemusic.pieces import generate
+    from spemusic.sampling import SamplingOptions
+
+    model, tok = load_model(tiny_checkpoint)
+    with safetensors.safe_open(str(tiny_checkpoint / WEIGHTS), "pt") as f:
+        info = json.loads(f.metadata()["info"])
+    for folder, record in (("own", {"top_p": 0.5, "stacking": 0.7}), ("bad", {"top_q": 0.5})):
+        (tmp_path / folder).mkdir()
+        write_weights(tmp_path / folder / WEIGHTS, model, tok.config, {**info, "name": "mine", "sampling": record})
+    mine, tok = load_model(tmp_path / "own")
+    assert mine.sampling_defaults == {"top_p": 0.5, "stacking": 0.7}
+    options = SamplingOptions.for_model(mine.release_name, own=mine.sampling_defaults)
+    assert (options.top_p, options.stacking, options.bar_top_p) == (0.5, 0.7, SAMPLING_DEFAULTS["bar_top_p"])
+    code, _, err = run_cli("generate", "--model", tmp_path / "own", "--length", 64, "--seed", 1, "-o", tmp_path / "cli.mid")
+    assert code == 0, err
+    generate(mine, tok, length=64, seed=1).midis[0].dump(str(tmp_path / "lib.mid"))
+    assert (tmp_path / "lib.mid").read_bytes() == (tmp_path / "cli.mid").read_bytes()
+    generate(mine, tok, length=64, seed=1, options=SamplingOptions()).midis[0].dump(str(tmp_path / "plain.mid"))
+    assert (tmp_path / "plain.mid").read_bytes() != (tmp_path / "lib.mid").read_bytes()  # they were used
+    code, _, err = run_cli("generate", "--model", tmp_path / "bad", "--length", 8, "-o", tmp_path / "x.mid")
+    assert code == 1 and "its sampling defaults are not" in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1 and not (tmp_path / "x.mid").exists()
+
+
+def test_release_reads_sampling_defaults_as_key_value_pairs():
+    import argparse
+
+    from spemusic.release import _sampling_flag
+
+    assert _sampling_flag("top_p=0.8,bar_top_p=0.75") == {"top_p": 0.8, "bar_top_p": 0.75}
+    for bad in ("top_q=0.8", "top_p", "top_p=high"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            _sampling_flag(bad)
