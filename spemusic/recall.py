@@ -72,7 +72,7 @@ def bar_echo(ids: torch.Tensor, tail: torch.Tensor | None, bar_id: int, position
     key = bar * width + pos * ECHO_PLACES + place  # increasing along each row
     key = torch.where(bar >= 1, key, -1)  # before the first Bar: never matched (targets are at least 0)
     mine, key = key[:, N - T:], key.contiguous()
-    echoes = torch.stack([_echo_back(seq, key, mine, width, j, none_id) for j in range(1, bars + 1)], -1)
+    echoes = _echo_back(seq, key, mine, width, bars, none_id)
     keep = seq[:, -ECHO_CONTEXT:]
     if keep.shape[1] < ECHO_CONTEXT:
         keep = torch.cat([keep.new_full((B, ECHO_CONTEXT - keep.shape[1]), -1), keep], 1)
@@ -81,13 +81,16 @@ def bar_echo(ids: torch.Tensor, tail: torch.Tensor | None, bar_id: int, position
 
 def _echo_back(seq: torch.Tensor, key: torch.Tensor, mine: torch.Tensor, width: int, bars: int,
                none_id: int) -> torch.Tensor:
-    """The token that followed the same place `bars` bars back, or the last place before it in
-    that bar (a drummer's onset a grid step early or late; an onset with fewer notes): every bar
-    opens on its Bar token, so one is found wherever that bar lies in the context."""
-    N = seq.shape[1]
-    at = (torch.searchsorted(key, (mine - width * bars).contiguous(), right=True) - 1).clamp(0, max(N - 2, 0))
-    found = (mine >= width * bars) & (key.gather(1, at) // width == mine // width - bars)  # (never with N < 2)
-    return torch.where(found, seq.gather(1, (at + 1).clamp(max=N - 1)), none_id)
+    """(B, T, bars): the token that followed the same place 1, 2, … `bars` bars back, or the last
+    place before it in that bar (a drummer's onset a grid step early or late; an onset with fewer
+    notes): every bar opens on its Bar token, so one is found wherever that bar lies in the context."""
+    B, N = seq.shape
+    back = width * torch.arange(1, bars + 1, device=seq.device)
+    wanted = (mine[..., None] - back).view(B, -1)  # all the bars back in one search
+    at = (torch.searchsorted(key, wanted, right=True) - 1).clamp(0, max(N - 2, 0))
+    found = (wanted >= 0) & (key.gather(1, at) // width == wanted // width)  # (never with N < 2)
+    echo = torch.where(found, seq.gather(1, (at + 1).clamp(max=N - 1)), none_id)
+    return echo.view(*mine.shape, bars)
 
 
 def _most_held(echoes: torch.Tensor, none_id: int) -> torch.Tensor:
