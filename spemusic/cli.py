@@ -572,6 +572,9 @@ TRAIN_OPTIONS = {
     "lead_sheet": ("Data", (f"With parts: this share of the training windows has its first 1 to {LEAD_SHEET_BARS} "
                    "bars as a lead sheet (the melody and the chords, no other part), so the model learns to "
                    "accompany a melody it is given.")),
+    "piece_starts": ("Data", ("This share of the training windows opens at a piece's start, as generation from "
+                     "scratch does; the rest open at any bar. A model with --bar-echo holds the bars it opens "
+                     "with, so it needs more of them.")),
     "batch_size": ("Optimisation", "Sequences per micro-batch, all processes together."),
     "grad_accum": ("Optimisation", "Micro-batches per optimizer step."),
     "steps": ("Optimisation", "Optimizer steps.", None),
@@ -646,6 +649,7 @@ def train(
     chord_every_bar: bool | None = _train_option("chord_every_bar", "--chord-every-bar/--no-chord-every-bar"),
     drum_grid: bool | None = _train_option("drum_grid", "--drum-grid/--no-drum-grid"),
     lead_sheet: float | None = _train_option("lead_sheet", "--lead-sheet"),
+    piece_starts: float | None = _train_option("piece_starts", "--piece-starts"),
     output: Path | None = typer.Option(None, "-o", "--output", rich_help_panel="Run",
                                           help="Run folder: checkpoints, metrics.jsonl."),
     config: Path | None = typer.Option(None, "--config", rich_help_panel="Run",

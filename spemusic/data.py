@@ -354,7 +354,7 @@ def open_dataset(data: Path, config: TokenizerConfig | None = None, progress=Non
 class WindowSampler:
     """Training windows of `seq_len + 1` tokens starting at bar boundaries, padded with PAD at the
     end of a piece, with random transposition of pitched notes (drums untouched, pitches kept in
-    range). A share PIECE_START_SHARE of windows start at a piece's beginning (BOS, first bar and
+    range). A share `piece_starts` of windows start at a piece's beginning (BOS, first bar and
     its time signature), the rest uniformly over all bar starts of the split. Piece starts are
     drawn in proportion to the pieces' bars, as the other windows are: drawn per piece, the Groove
     set's 2-bar fills (58% of its train files, 4% of its music) opened most windows from BOS.
@@ -362,18 +362,18 @@ class WindowSampler:
     Why the share: generation from scratch starts at BOS, and the first bar's time signature is
     then the model's to choose. Drawn uniformly over bar starts, piece starts would be one window
     in 260 for POP909 (mostly bars of one beat), too few to learn that choice: a model trained so
-    picked a meter rare in the data for most pieces (bars of 2 to 8 beats, only the first one played)."""
-
-    PIECE_START_SHARE = 0.1
+    picked a meter rare in the data for most pieces (bars of 2 to 8 beats, only the first one played).
+    A model with a bar echo holds the bars it opens with, so it needs more of them (train --piece-starts)."""
 
     def __init__(self, cache: TokenCache, split: str, seq_len: int, max_transpose: int = 6,
-                 lead_sheet: float = 0.0):
+                 lead_sheet: float = 0.0, piece_starts: float = 0.1):
         self.tokenizer = cache.tokenizer
         self.seq_len = seq_len
         self.max_transpose = max_transpose
         if lead_sheet and not self.tokenizer.config.parts:
             raise OptionError("{lead_sheet} needs a model with parts (melody, bridge, piano): give {parts}")
         self.lead_sheet = lead_sheet
+        self.piece_starts = piece_starts
         self.sequences = [np.asarray(s, dtype=np.int64) for s in cache.sequences(split)]
         if not self.sequences:
             raise SpemusicError(f"{cache.path}: the {split} split is empty")
@@ -414,7 +414,7 @@ class WindowSampler:
         return transpose_ids(window, self.tokenizer, int(rng.integers(lo, hi + 1)))
 
     def sample(self, rng: np.random.Generator, batch_size: int, augment: bool = True) -> np.ndarray:
-        at_start = rng.random(batch_size) < self.PIECE_START_SHARE
+        at_start = rng.random(batch_size) < self.piece_starts
         picks = rng.integers(0, len(self.starts), size=batch_size)
         pieces = rng.choice(len(self.sequences), size=batch_size, p=self.piece_weights)
         # lead sheets only inside pieces: from BOS the model still opens a song with all its parts

@@ -77,6 +77,7 @@ class TrainConfig:
     chord_every_bar: bool = False  # with chords and melody_first: each bar's other parts open on its chord
     drum_grid: bool = False      # drum hits on their nearest sixteenth or eighth-note triplet
     lead_sheet: float = 0.0      # with parts: share of windows whose first bars keep only the melody and the chords
+    piece_starts: float = 0.1    # share of windows that open at a piece's start (BOS), as generation from scratch does
     short_conv: int = -1         # tokens each block's short convolution reaches back (-1: the preset's, or the
                                  # fine-tuned model's; a fine-tuned model without one gets it, starting at zero)
     pitch_memory: bool = False   # every token sees the last pitch of each part (needs parts; added at zero to
@@ -103,7 +104,7 @@ class TrainConfig:
         if self.steps > 0 and self.epochs > 0:
             raise OptionError("give {steps} or {epochs}, not both (got {n} steps and {e} epochs)", n=self.steps,
                               e=self.epochs)
-        for name in ("lr", "weight_decay", "epochs", "grad_clip", "recall_lr_scale", "lead_sheet"):
+        for name in ("lr", "weight_decay", "epochs", "grad_clip", "recall_lr_scale", "lead_sheet", "piece_starts"):
             if not math.isfinite(getattr(self, name)):
                 raise OptionError("{%s} must be a finite number (got {value})" % name, value=getattr(self, name))
         if self.lr <= 0:
@@ -122,6 +123,8 @@ class TrainConfig:
             raise OptionError("{weight_decay} must be at least 0")
         if not 0 <= self.lead_sheet <= 1:
             raise OptionError("{lead_sheet} must be in 0 … 1 (got {value})", value=self.lead_sheet)
+        if not 0 <= self.piece_starts <= 1:
+            raise OptionError("{piece_starts} must be in 0 … 1 (got {value})", value=self.piece_starts)
         if not 0 <= self.seed < 2**31:  # the seed is combined with step counts into a 64-bit torch seed
             raise OptionError("{seed} must be between 0 and 2^31 - 1 (got {value})", value=self.seed)
         if not -1 <= self.short_conv <= 64:

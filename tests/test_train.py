@@ -280,6 +280,8 @@ def test_train_bad_options(run_cli, pop_cache, tmp_path):
     for option, value in (("--lr", "inf"), ("--lr", "nan"), ("--weight-decay", "nan")):
         code, _, err = run_cli("train", pop_cache, "-o", tmp_path / "r", "--steps", 2, option, value)
         assert code == 1 and f"{option} must be a finite number" in err, err
+    code, _, err = run_cli("train", pop_cache, "-o", tmp_path / "r", "--steps", 2, "--piece-starts", 1.5)
+    assert code == 1 and "--piece-starts must be in 0 … 1 (got 1.5)" in err, err
     code, _, err = run_cli("train", pop_cache, "-o", tmp_path / "r", "--steps", 2, "--pe", "ape", "--max-len", 64,
                            "--seq-len", 128)
     assert code == 1 and "--max-len 64" in err
