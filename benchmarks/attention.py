@@ -63,7 +63,7 @@ def child(args):
                             dim_head=args.d_model // args.heads, causal=True, nb_features=args.features,
                             ff_mult=args.d_ff // args.d_model)
     else:
-        from spemusic.model import ModelConfig, Performer
+        from spemusic.nn.model import ModelConfig, Performer
 
         att = "softmax" if args.impl == "spemusic-softmax" else "favor"
         pe = "none" if args.impl in ("spemusic-softmax", "spemusic-favor-nope") else "sinespe"

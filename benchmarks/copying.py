@@ -22,7 +22,7 @@ copying head puts most of its weight on one earlier token.
 `--exact-softmax` scores with exact softmax attention over the same q̂, k̂ (the kernel FAVOR+
 estimates with random features): is the approximation what blurs the copying, or the weights?
 `--repeat W` scores the model mixed with the continuous cache that `generate --repeat W` samples
-from (spemusic.cache): the copying the network lacks, done outside it.
+from (spemusic.generation.cache): the copying the network lacks, done outside it.
 
     python benchmarks/copying.py [--model pop-piano] [--songs 34] [--length 2048] [--repeat W]
 """
@@ -36,11 +36,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from spemusic.cache import mixture_nll
-from spemusic.checkpoint import load_model
-from spemusic.data import open_dataset
-from spemusic.metrics import bar_sets, best_earlier_bars, note_grid
-from spemusic.sampling import SamplingOptions
+from spemusic.generation.cache import mixture_nll
+from spemusic.generation.sampling import SamplingOptions
+from spemusic.music.metrics import bar_sets, best_earlier_bars, note_grid
+from spemusic.nn.checkpoint import load_model
+from spemusic.training.data import open_dataset
 
 from _errors import run_script  # (benchmarks/, the script's own folder)
 
@@ -101,7 +101,7 @@ def repeated_bar(model, tok, songs, bar: int = 6, repeats: int = 8, cache=None) 
 def attention_sharpness(model, song: np.ndarray, length: int = 1024) -> list[tuple[np.ndarray, np.ndarray]]:
     """Per layer, per head: mean entropy of the exact softmax weights over the layer's q̂, k̂ as a
     share of log(context), and mean largest weight, over positions length/2 on."""
-    from spemusic.model import Attention
+    from spemusic.nn.model import Attention
 
     recorded, qkv = [], Attention._qkv
 

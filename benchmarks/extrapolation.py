@@ -64,8 +64,8 @@ def main() -> None:
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
         print(f"trained {name} in {time.perf_counter() - t0:.0f} s")
 
-    from spemusic.checkpoint import load_model
-    from spemusic.evaluate import evaluate_nll, plot_reports
+    from spemusic.nn.checkpoint import load_model
+    from spemusic.training.evaluate import evaluate_nll, plot_reports
 
     reports = []
     for name, _ in configs:

@@ -1,5 +1,5 @@
 """Long generation at constant cost per token: wall time, per-token time and peak memory of
-the sampler behind `spemusic generate --length` (spemusic.sampling.sample with the model's
+the sampler behind `spemusic generate --length` (spemusic.generation.sampling.sample with the model's
 `generate` defaults, no MIDI written) at 1,000 / 8,000 / 64,000 tokens with the default model
 (each in a fresh process), and tokens/s for --num 1 vs --num 8, side by side in one run. With
 `--repeat 0 --onset-top-p 1 --hole-penalty 0 --stacking 1`: the model alone, without the
@@ -26,8 +26,8 @@ def child(model: str, length: int, num: int, seed: int, asked: dict) -> None:
     """Run in a fresh process: sample, print one JSON line with timings and peak RSS."""
     import torch
 
-    from spemusic.checkpoint import load_model
-    from spemusic.sampling import SamplingOptions, sample
+    from spemusic.generation.sampling import SamplingOptions, sample
+    from spemusic.nn.checkpoint import load_model
 
     if num <= 2:
         torch.set_num_threads(1)  # as `spemusic generate` does for batch-1 sampling

@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from spemusic.model import ModelConfig, Performer
+from spemusic import ModelConfig, Performer  # (also in a revision from before the package's folders)
 
 from revision import REPO, checkout, run_json  # (benchmarks/, the script's own folder)
 

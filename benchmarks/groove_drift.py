@@ -21,10 +21,10 @@ from pathlib import Path
 
 import numpy as np
 
-from spemusic.checkpoint import load_model
-from spemusic.data import open_dataset
-from spemusic.metrics import cosine, note_grid
-from spemusic.sampling import SamplingOptions, sample
+from spemusic.generation.sampling import SamplingOptions, sample
+from spemusic.music.metrics import cosine, note_grid
+from spemusic.nn.checkpoint import load_model
+from spemusic.training.data import open_dataset
 
 DATA = Path(__file__).resolve().parents[1] / ".." / "shared" / "data"
 KIT = {"kick": (35, 36), "snare": (37, 38, 40, 39), "hi-hat": (42, 44, 46, 22, 26), "ride": (51, 53, 59),

@@ -21,10 +21,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from spemusic.checkpoint import load_model
-from spemusic.data import open_dataset
-from spemusic.evaluate import part_nll
-from spemusic.metrics import INTERVALS
+from spemusic.music.metrics import INTERVALS
+from spemusic.nn.checkpoint import load_model
+from spemusic.training.data import open_dataset
+from spemusic.training.evaluate import part_nll
 
 from _errors import run_script
 

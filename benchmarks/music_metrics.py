@@ -33,11 +33,11 @@ from pathlib import Path
 
 import numpy as np
 
-from spemusic.checkpoint import load_model, read_metadata, resolve
-from spemusic.data import open_dataset
-from spemusic.metrics import continuation_similarity, summary
+from spemusic.generation.sampling import SamplingOptions, sample
+from spemusic.music.metrics import continuation_similarity, summary
+from spemusic.nn.checkpoint import load_model, read_metadata, resolve
 from spemusic.options import CHORD_STRENGTH
-from spemusic.sampling import SamplingOptions, sample
+from spemusic.training.data import open_dataset
 
 from _errors import run_script  # (benchmarks/, the script's own folder)
 
@@ -55,7 +55,7 @@ def cut_to_bars(ids: np.ndarray, tok, max_tokens: int) -> np.ndarray:
 
 
 def piece_metrics(seqs, tok) -> list[dict]:
-    """spemusic.metrics.summary of each piece, as plain floats (for the JSON)."""
+    """spemusic.music.metrics.summary of each piece, as plain floats (for the JSON)."""
     return [{k: float(v) for k, v in summary(s, tok).items()} for s in seqs]
 
 
@@ -141,7 +141,7 @@ POP_GOALS = {"bars_4_4": ("min", 0.9), "silence": ("ratio_max", 1.5), "beats_wit
              "repetition": ("within", 0.20)}
 
 
-# the parts (models with parts): spemusic.metrics.part_summary; the melody against the real MELODY tracks
+# the parts (models with parts): spemusic.music.metrics.part_summary; the melody against the real MELODY tracks
 PART_KEYS = ("melody_bars", "melody_mono", "melody_range", "melody_notes_per_bar", "melody_unison", "melody_steps",
              "melody_thirds", "melody_fourths_fifths", "melody_leaps", "bass_fourth_fifth", "velocity_spread")
 PART_GOALS = {"melody_bars": ("within", 0.10), "melody_mono": ("min", 0.95),
@@ -173,7 +173,7 @@ def print_table(title: str, columns: dict[str, dict], keys=POP_KEYS) -> None:
 
 def parts(generated, continued, real, tok) -> dict:
     """The parts table: from scratch and continued against the real songs (part_summary)."""
-    from spemusic.metrics import part_summary
+    from spemusic.music.metrics import part_summary
 
     means = {name: mean_of([part_summary(s, tok) for s in seqs])
              for name, seqs in (("generated", generated), ("continued", continued), ("real", real))}
@@ -192,8 +192,8 @@ def accompany_check(model, tok, valid_paths, opts, seed: int, chart=None) -> dic
     next to the song's own PIANO track by the same matcher; its pitch-class profile against that
     track's; the share of the melody's time a semitone off the accompaniment, next to the song's;
     whether the melody came back token for token."""
-    from spemusic.accompany import hold_melody, load_melody
-    from spemusic.metrics import bar_chords, chord_match, cosine, melody_clashes, note_grid, pitch_class_histogram
+    from spemusic.generation.accompany import hold_melody, load_melody
+    from spemusic.music.metrics import bar_chords, chord_match, cosine, melody_clashes, note_grid, pitch_class_histogram
     from spemusic.options import CHORD_STRENGTH
 
     pop = DATA / "pop909"
@@ -271,8 +271,8 @@ def accompany_check(model, tok, valid_paths, opts, seed: int, chart=None) -> dic
 
 
 def pop_piano(args, opts) -> dict:
-    from spemusic.chords import parse_chords
-    from spemusic.metrics import chord_match, note_grid
+    from spemusic.music.metrics import chord_match, note_grid
+    from spemusic.tokens.chords import parse_chords
 
     model, tok = load_model(args.pop_model)
     pop = DATA / "pop909"
@@ -315,7 +315,7 @@ def pop_piano(args, opts) -> dict:
     if tok.config.parts:
         part_means = parts(generated, continued, real, tok)
         files = sorted(pop / e["path"] for e in cache.files("valid"))
-        from spemusic.harmony import chart_melody
+        from spemusic.music.harmony import chart_melody
 
         chart = (lambda ids: chart_melody(model, ids, tok)) if model.harmony_file else None
         accompanied = accompany_check(model, tok, files[: args.pieces], opts, args.seed, chart=chart)
@@ -354,7 +354,7 @@ def pop_piano(args, opts) -> dict:
 
 
 def groove(args, opts) -> dict:
-    from spemusic.metrics import backbeat_share, backbone_similarity, drum_onsets_per_bar, note_grid
+    from spemusic.music.metrics import backbeat_share, backbone_similarity, drum_onsets_per_bar, note_grid
 
     model, tok = load_model(args.groove_model)
     cache = open_dataset(DATA / "groove", tok.config)

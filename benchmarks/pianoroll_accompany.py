@@ -11,11 +11,11 @@ from pathlib import Path
 
 import numpy as np
 
-from spemusic.accompany import hold_melody, load_melody
-from spemusic.harmony import chart_melody
+from spemusic.generation.accompany import hold_melody, load_melody
+from spemusic.generation.sampling import sample
+from spemusic.music.harmony import chart_melody
+from spemusic.music.pianoroll import render
 from spemusic.options import CHORD_STRENGTH
-from spemusic.pianoroll import render
-from spemusic.sampling import sample
 
 from _errors import run_script  # (benchmarks/, the script's own folder)
 
@@ -31,8 +31,8 @@ def main() -> None:
     ap.add_argument("--model", default="pop-piano")
     ap.add_argument("--out", type=Path, default=OUT, help="folder of the pictures")
     args = ap.parse_args()
-    from spemusic.checkpoint import load_model
-    from spemusic.sampling import SamplingOptions
+    from spemusic.generation.sampling import SamplingOptions
+    from spemusic.nn.checkpoint import load_model
 
     model, tok, info = load_model(args.model, return_info=True)
     opts = SamplingOptions.for_model(info.get("name"))  # accompany's defaults

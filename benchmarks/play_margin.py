@@ -15,9 +15,9 @@ import time
 
 import torch
 
-from spemusic.audio import find_soundfont
-from spemusic.checkpoint import load_model
-from spemusic.play import Player, play
+from spemusic.generation.play import Player, play
+from spemusic.music.audio import find_soundfont
+from spemusic.nn.checkpoint import load_model
 
 from _errors import run_script  # (benchmarks/, the script's own folder)
 

@@ -21,11 +21,11 @@ import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
 from spemusic import ModelConfig, Performer
-from spemusic.attention import favor_attention_training
-from spemusic.compiled import compiled
-from spemusic.fused import norm_linear
-from spemusic.model import short_conv
-from spemusic.train import build_optimizer
+from spemusic.nn.attention import favor_attention_training
+from spemusic.nn.compiled import compiled
+from spemusic.nn.fused import norm_linear
+from spemusic.nn.model import short_conv
+from spemusic.training.train import build_optimizer
 
 from train_throughput import matmul_peak  # (benchmarks/, the script's own folder)
 

@@ -20,7 +20,7 @@ import symusic
 CHILD = """
 import resource, sys, time
 from pathlib import Path
-from spemusic.audio import find_soundfont, render_file
+from spemusic.music.audio import find_soundfont, render_file
 t = time.perf_counter()
 seconds = render_file(Path(sys.argv[1]), Path(sys.argv[2]), find_soundfont())
 print(seconds, time.perf_counter() - t, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)

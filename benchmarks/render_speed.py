@@ -20,7 +20,7 @@ from pathlib import Path
 
 import symusic
 
-from spemusic.audio import SAMPLE_RATE, bundled_soundfont, render, soundfont_candidates
+from spemusic.music.audio import SAMPLE_RATE, bundled_soundfont, render, soundfont_candidates
 
 DATA = Path(__file__).resolve().parents[1] / ".." / "shared" / "data"
 

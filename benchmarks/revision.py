@@ -5,6 +5,7 @@ that worktree (or this tree) first on PYTHONPATH, printing its result as one JSO
 from __future__ import annotations
 
 import contextlib
+import importlib
 import json
 import os
 import subprocess
@@ -33,3 +34,14 @@ def run_json(script: Path, args: list[str], code_root: Path) -> dict:
     out = subprocess.run([sys.executable, str(script), "--json", *map(str, args)],
                          env=dict(os.environ, PYTHONPATH=str(code_root)), check=True, capture_output=True, text=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def spemusic_module(name: str):
+    """spemusic's module `name` ("nn.model"), or, in a revision from before the package had folders
+    (--compare), the flat module it was ("spemusic.model")."""
+    try:
+        return importlib.import_module(f"spemusic.{name}")
+    except ModuleNotFoundError as e:
+        if e.name not in (f"spemusic.{name}", f"spemusic.{name.partition('.')[0]}"):
+            raise
+        return importlib.import_module(f"spemusic.{name.rpartition('.')[2]}")

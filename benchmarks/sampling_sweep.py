@@ -14,11 +14,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from spemusic.checkpoint import load_model, read_metadata, resolve
-from spemusic.data import open_dataset
-from spemusic.metrics import part_summary, summary
+from spemusic.generation.sampling import SamplingOptions, sample
+from spemusic.music.metrics import part_summary, summary
+from spemusic.nn.checkpoint import load_model, read_metadata, resolve
 from spemusic.options import SAMPLING_DEFAULTS
-from spemusic.sampling import SamplingOptions, sample
+from spemusic.training.data import open_dataset
 
 from _errors import run_script  # (benchmarks/, the script's own folder)
 

@@ -29,11 +29,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from spemusic.checkpoint import load_model
-from spemusic.data import open_dataset
-from spemusic.grammar import GrammarState, REMIGrammar
-from spemusic.metrics import note_grid, sounding
-from spemusic.sampling import SamplingOptions, sample
+from spemusic.generation.sampling import SamplingOptions, sample
+from spemusic.music.metrics import note_grid, sounding
+from spemusic.nn.checkpoint import load_model
+from spemusic.tokens.grammar import GrammarState, REMIGrammar
+from spemusic.training.data import open_dataset
 
 from _errors import run_script  # (benchmarks/, the script's own folder)
 

@@ -37,7 +37,7 @@ def train_step(model, ids: torch.Tensor, precision: str, pack=None) -> None:
 
 
 def child(mode: str, seq_len: int, batch: int) -> None:
-    import spemusic.attention
+    import spemusic.nn.attention
     from spemusic import ModelConfig, Performer
 
     torch.set_num_threads(2)
@@ -46,7 +46,7 @@ def child(mode: str, seq_len: int, batch: int) -> None:
     model = Performer(cfg).train()
     ids = torch.randint(3, 589, (batch, seq_len + 1))
     if mode == "eager":
-        spemusic.attention.compiled = lambda fn: fn  # FAVOR+'s two regions run as plain functions
+        spemusic.nn.attention.compiled = lambda fn: fn  # FAVOR+'s two regions run as plain functions
 
     def step():
         train_step(model, ids, "bf16")

@@ -17,8 +17,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from spemusic.checkpoint import load_model
-from spemusic.data import open_dataset
+from spemusic.nn.checkpoint import load_model
+from spemusic.training.data import open_dataset
 
 from _errors import run_script  # (benchmarks/, the script's own folder)
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from spemusic.tokenizer import REMITokenizer
+from spemusic.tokens.tokenizer import REMITokenizer
 
 
 def bench_spemusic(files: list[Path]) -> dict:

@@ -26,9 +26,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from spemusic.errors import MidiError
-from spemusic.grammar import REMIGrammar
-from spemusic.metrics import note_grid
-from spemusic.tokenizer import REMITokenizer, TokenizerConfig
+from spemusic.music.metrics import note_grid
+from spemusic.tokens.grammar import REMIGrammar
+from spemusic.tokens.tokenizer import REMITokenizer, TokenizerConfig
 
 DATASETS = {"pop909": "*.mid", "groove": "**/*.mid"}
 

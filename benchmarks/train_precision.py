@@ -22,19 +22,20 @@ import numpy as np
 import torch
 
 from _errors import run_script  # (benchmarks/, the script's own folder)
-from revision import REPO, checkout, run_json  # (benchmarks/, the script's own folder)
+from revision import REPO, checkout, run_json, spemusic_module  # (benchmarks/, the script's own folder)
 
 DATA = REPO / ".." / "shared" / "data" / "pop909"
 
 
 def run(args) -> dict:
-    from spemusic.checkpoint import load_model
-    from spemusic.data import WindowSampler, fixed_windows, open_dataset
-    from spemusic.train import evaluate_windows, lm_loss
+    load_model = spemusic_module("nn.checkpoint").load_model
+    data_module, train_module = spemusic_module("training.data"), spemusic_module("training.train")
+    WindowSampler, fixed_windows, open_dataset = data_module.WindowSampler, data_module.fixed_windows, data_module.open_dataset
+    evaluate_windows, lm_loss = train_module.evaluate_windows, train_module.lm_loss
 
     try:
-        from spemusic.train import build_optimizer
-    except ImportError:  # a revision from before build_optimizer: its trainer's AdamW
+        build_optimizer = train_module.build_optimizer
+    except AttributeError:  # a revision from before build_optimizer: its trainer's AdamW
         def build_optimizer(model, lr, wd, device):
             return torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=wd)
 
@@ -77,7 +78,7 @@ def main() -> None:
     if args.json:
         print(json.dumps(run(args)))
         return
-    from spemusic.checkpoint import resolve
+    resolve = spemusic_module("nn.checkpoint").resolve
 
     # the weights file itself, so that both sides fine-tune the same model (a name would give each
     # revision its own shipped one)

@@ -33,7 +33,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from spemusic import ModelConfig, Performer
 
-from revision import REPO, checkout, run_json  # (benchmarks/, the script's own folder)
+from revision import REPO, checkout, run_json, spemusic_module  # (benchmarks/, the script's own folder)
 
 
 def matmul_peak(dtype: torch.dtype, n: int = 2048, reps: int = 10) -> float:
@@ -47,8 +47,8 @@ def matmul_peak(dtype: torch.dtype, n: int = 2048, reps: int = 10) -> float:
 
 def make_optimizer(model):
     try:
-        from spemusic.train import build_optimizer
-    except ImportError:  # a revision from before build_optimizer: its AdamW, as its trainer made it
+        build_optimizer = spemusic_module("training.train").build_optimizer
+    except AttributeError:  # a revision from before build_optimizer: its AdamW, as its trainer made it
         return torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95))
     return build_optimizer(model, 1e-4, 0.1, torch.device("cpu"))
 
@@ -86,9 +86,10 @@ def main() -> None:
     if args.compare:
         return compare(args)
     try:
-        from spemusic.device import cpu_has_fast_bf16, pick_dtype
+        device_module = spemusic_module("nn.device")
     except ImportError:  # a revision from before device.py
-        from spemusic.train import cpu_has_fast_bf16, pick_dtype
+        device_module = spemusic_module("training.train")
+    cpu_has_fast_bf16, pick_dtype = device_module.cpu_has_fast_bf16, device_module.pick_dtype
 
     torch.manual_seed(0)
     cfg = ModelConfig.preset("small", vocab_size=589, pe=args.pe, attention=args.attention,

@@ -5,7 +5,7 @@
 
 from pathlib import Path
 
-from spemusic.examples import drum_groove, melody_line, piano_phrase
+from spemusic.tokens.examples import drum_groove, melody_line, piano_phrase
 
 if __name__ == "__main__":
     out = Path(__file__).resolve().parent / "examples"

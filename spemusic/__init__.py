@@ -6,7 +6,8 @@ from .errors import MidiError, SpemusicError
 
 # the model and the tokenizer (torch, symusic) load on first use: the command line starts, and
 # handles Ctrl-C, before the heavy imports
-_LAZY = {"ModelConfig": "model", "Performer": "model", "REMITokenizer": "tokenizer", "TokenizerConfig": "tokenizer"}
+_LAZY = {"ModelConfig": "nn.model", "Performer": "nn.model", "REMITokenizer": "tokens.tokenizer",
+         "TokenizerConfig": "tokens.tokenizer"}
 
 
 def __getattr__(name):
@@ -19,7 +20,7 @@ def __getattr__(name):
 
 def load_model(name_or_path="pop-piano", device="cpu"):
     """A model (eval mode) and its tokenizer from a shipped model name or a checkpoint path."""
-    from .checkpoint import load_model as _load
+    from .nn.checkpoint import load_model as _load
 
     return _load(name_or_path, device=device)
 

@@ -150,7 +150,7 @@ STACKING_HELP = ("Once an onset holds two notes, the odds of one more note there
 
 def _sampling_options(info: dict, temperature: float, top_k: int, **asked):
     """The sampling options asked for (None: not given), the model's defaults where none was given."""
-    from .sampling import SamplingOptions
+    from .generation.sampling import SamplingOptions
 
     return SamplingOptions.for_model(info.get("name"), temperature=temperature, top_k=top_k, own=info.get("sampling"),
                                      **asked)
@@ -256,9 +256,9 @@ def tokenize(
     spemusic tokenize ../shared/data/pop909/001.mid --beats ../shared/data/pop909/beats/001.txt -o 001.txt
     """
     import_native_libraries(with_torch=False)
-    from .data import BEAT_SUFFIXES, CHORD_SUFFIXES, find_annotation
     from .files import check_input_file, write_output
-    from .tokenizer import REMITokenizer, TokenizerConfig
+    from .tokens.tokenizer import REMITokenizer, TokenizerConfig
+    from .training.data import BEAT_SUFFIXES, CHORD_SUFFIXES, find_annotation
 
     # Chord tokens where an annotation or chord markers give them, parts where tracks are named so
     tok = REMITokenizer(TokenizerConfig(chords=True, parts=True))
@@ -316,7 +316,7 @@ def show(
     spemusic show sketches/ -o rolls/
     """
     import_native_libraries(with_torch=False)
-    from .pianoroll import FORMATS, draw_file, parse_bar_range, parse_size
+    from .music.pianoroll import FORMATS, draw_file, parse_bar_range, parse_size
 
     bar_range = parse_bar_range(bars) if bars is not None else None
     pixels = parse_size(size) if size is not None else None
@@ -357,7 +357,7 @@ def render_(
     spemusic render sketches/ -o audio/ --format mp3
     """
     import_native_libraries(with_torch=False)
-    from .audio import AUDIO_FORMATS, check_audio_format, find_soundfont, render_file
+    from .music.audio import AUDIO_FORMATS, check_audio_format, find_soundfont, render_file
 
     suffix = "." + fmt.lower().lstrip(".")
     if suffix not in AUDIO_FORMATS:
@@ -392,8 +392,8 @@ def detokenize(
     """
     import_native_libraries(with_torch=False)
     from .files import write_output
-    from .grammar import REMIGrammar
-    from .tokenizer import REMITokenizer, TokenizerConfig
+    from .tokens.grammar import REMIGrammar
+    from .tokens.tokenizer import REMITokenizer, TokenizerConfig
 
     tok = REMITokenizer(TokenizerConfig(chords=True, parts=True))  # reads token files with or without chords, parts
     grammar = REMIGrammar(tok)
@@ -455,9 +455,9 @@ def data_prepare(
     spemusic data prepare ../shared/data/pop909 -o cache/pop909-v3 --parts --beats ../shared/data/pop909/beats --chords ../shared/data/pop909/chords
     """  # noqa: E501 - typer prints the lines of a command's docstring as they are: one example a line
     import_native_libraries(with_torch=False)
-    from .data import prepare
     from .options import check_layout
-    from .tokenizer import TokenizerConfig
+    from .tokens.tokenizer import TokenizerConfig
+    from .training.data import prepare
 
     check_layout(parts, melody_first, chords is not None, chord_every_bar)
 
@@ -498,7 +498,7 @@ def data_prepare(
 # ----------------------------------------------------------------------------- train
 
 def _choices(name: str, values: tuple[str, ...]) -> type[Enum]:
-    """A typer choice type of the values the library defines (one list, in model.py or device.py)."""
+    """A typer choice type of the values the library defines (one list, in nn/model.py or nn/device.py)."""
     return Enum(name, {v: v for v in values}, type=str)
 
 
@@ -712,7 +712,7 @@ def _check_no_model_options(options: dict, given: dict, config: Path | None) -> 
 
 def _run_training(cfg, run_dir: Path, *, resume: bool = False, stop_after: int | None) -> None:
     """train.train with its progress and summary printed (by the main process under torchrun)."""
-    from .train import train as run_training
+    from .training.train import train as run_training
 
     progress = _progress(TextColumn("[bold]train"), BarColumn(), TextColumn("step {task.completed}/{task.total}"),
                          TextColumn("loss {task.fields[loss]}"), TextColumn("{task.fields[tps]} tok/s"),
@@ -740,8 +740,8 @@ def _say_trained(summary: dict) -> None:
 
 def _train_printer(progress: Progress):
     """train.TrainEvents that print: notes and warnings, the run's opening lines, its progress bar."""
-    from .checkpoint import run_checkpoint_used
-    from .train import TrainEvents
+    from .nn.checkpoint import run_checkpoint_used
+    from .training.train import TrainEvents
 
     class TrainPrinter(TrainEvents):
         def __init__(self, progress: Progress):
@@ -812,7 +812,7 @@ def _check_model_names(*names: str | None, option: str = "--model") -> None:
     $SPEMUSIC_CHECKPOINTS that holds no model (missing, a file, /proc) is said, not ignored."""
     import os
 
-    from .checkpoint import checkpoints_env_problem
+    from .nn.checkpoint import checkpoints_env_problem
 
     for name in names:
         if name is not None and not name.strip():
@@ -825,7 +825,7 @@ def _check_model_names(*names: str | None, option: str = "--model") -> None:
 
 def _say_which_checkpoint(name_or_path) -> None:
     """A training run stands for its `best` checkpoint (else `last`): say which one is used."""
-    from .checkpoint import run_checkpoint_used
+    from .nn.checkpoint import run_checkpoint_used
 
     which = run_checkpoint_used(name_or_path) if name_or_path else None
     if which:
@@ -887,7 +887,7 @@ def _report(rows, result, seed, as_json, midis, prompt_bar_count: int, only_cont
             extras=None):
     """One line (or JSON object) per file written. rows: (path, new tokens kept, new bars). by_length:
     every piece sampled result.new_tokens tokens (--length), of which the unfinished last bar is dropped."""
-    from .prompts import midi_stats
+    from .generation.prompts import midi_stats
 
     tps = result.new_tokens * len(rows) / max(result.wall_seconds, 1e-9)
     for (path, new_tokens, new_bars), midi, written in zip(rows, midis, extras or [{}] * len(rows)):
@@ -966,15 +966,15 @@ def generate(
     spemusic generate --bars 16 --parts melody,piano -o song.mid
     """
     import_native_libraries()
-    from .chords import parse_chords
-    from .sampling import check_length_bars
-    from .tokenizer import parse_parts
+    from .generation.sampling import check_length_bars
+    from .tokens.chords import parse_chords
+    from .tokens.tokenizer import parse_parts
 
     check_length_bars(length, bars)
     parts = parse_parts(parts) if parts is not None else None
     progression = parse_chords(chords) if chords is not None else None
     if key is not None:
-        from .keys import parse_key
+        from .music.keys import parse_key
 
         if chords is not None:
             raise SpemusicError("--key and --chords: give one (the chords set the key)")
@@ -1043,8 +1043,8 @@ def continue_(
     spemusic continue ../shared/data/pop909/001.mid --beats ../shared/data/pop909/beats/001.txt --prompt-bars 8 --bars 8
     """
     import_native_libraries()
-    from .chords import parse_chords
-    from .sampling import check_length_bars
+    from .generation.sampling import check_length_bars
+    from .tokens.chords import parse_chords
 
     check_length_bars(length, bars)
     progression = parse_chords(chords) if chords is not None else None
@@ -1063,14 +1063,14 @@ def _check_extra_outputs(paths, png: bool, audio: bool, overwrite: bool):
     from .files import check_output_file
 
     if png:
-        from .pianoroll import require_matplotlib
+        from .music.pianoroll import require_matplotlib
 
         require_matplotlib()
         for p in paths:
             check_output_file(p.with_suffix(".png"), overwrite, "--png", may_create=True)
     if not audio:
         return None
-    from .audio import find_soundfont
+    from .music.audio import find_soundfont
 
     soundfont = find_soundfont()
     for p in paths:
@@ -1082,7 +1082,7 @@ def _write_pieces(paths, pieces, tok, *, title: str, png: bool, soundfont, overw
     """Each piece's MIDI file, and its picture (png) and audio (a soundfont) beside it: the MIDI
     files, per piece (path, new tokens, new bars), and per piece the extra files written."""
     from .files import write_output
-    from .prompts import midi_bytes
+    from .generation.prompts import midi_bytes
 
     midis, rows, extras = [], [], []
     for path, midi, (new_tokens, new_bars) in zip(paths, pieces.midis, pieces.new_tokens_and_bars(tok)):
@@ -1094,12 +1094,12 @@ def _write_pieces(paths, pieces, tok, *, title: str, png: bool, soundfont, overw
 
             score = symusic.Score.from_midi(data)
         if png:
-            from .pianoroll import render
+            from .music.pianoroll import render
 
             write_output(render(score, ".png", title=f"{path.name} ({title})"), path.with_suffix(".png"), overwrite)
             written["png"] = str(path.with_suffix(".png"))
         if soundfont is not None:
-            from .audio import SAMPLE_RATE, render, write_audio
+            from .music.audio import SAMPLE_RATE, render, write_audio
 
             wav = path.with_suffix(".wav")
             write_output(write_audio(render(score, soundfont), wav, SAMPLE_RATE), wav, overwrite)
@@ -1111,7 +1111,7 @@ def _write_pieces(paths, pieces, tok, *, title: str, png: bool, soundfont, overw
 
 
 def _say_key_moves(paths, moves, key) -> None:
-    from .keys import key_name
+    from .music.keys import key_name
 
     for path, move in zip(paths, moves):
         found = key_name(move.tonic, move.mode)
@@ -1128,7 +1128,7 @@ def _set_part_programs(tok, text: str | None) -> None:
     """--part-programs onto the tokenizer that decodes the pieces (a model without parts refuses it)."""
     if text is None:
         return
-    from .tokenizer import parse_part_programs
+    from .tokens.tokenizer import parse_part_programs
 
     if not tok.config.parts:
         raise SpemusicError("--part-programs: this model has no parts (melody, bridge, piano)")
@@ -1140,8 +1140,8 @@ def _before_sampling(num, seed, chord_strength, temperature, top_k, asked, devic
     """What generate, continue and accompany check before any work (the options in range, the
     device there, the outputs writable), and the threads they sample on: (seed, output paths,
     the SoundFont for --audio)."""
-    from .device import pick_device
-    from .prompts import output_paths
+    from .generation.prompts import output_paths
+    from .nn.device import pick_device
 
     if not 1 <= num <= MAX_PIECES:
         raise SpemusicError(f"--num must be between 1 and {MAX_PIECES} (got {num}); run several times for more")
@@ -1166,10 +1166,10 @@ def _generate_or_continue(model_name, prompt_path, prompt_bars, length, bars, nu
                           hole_penalty=None, stacking=None, parts=None, part_programs=None):
     import torch
 
-    from .checkpoint import load_model
-    from .pieces import continue_prompt, generate
-    from .prompts import load_prompt
-    from .tokenizer import REMITokenizer
+    from .generation.pieces import continue_prompt, generate
+    from .generation.prompts import load_prompt
+    from .nn.checkpoint import load_model
+    from .tokens.tokenizer import REMITokenizer
 
     _check_model_names(model_name)
     asked = dict(top_p=top_p, bar_top_p=bar_top_p, onset_top_p=onset_top_p, repeat=repeat,
@@ -1187,11 +1187,11 @@ def _generate_or_continue(model_name, prompt_path, prompt_bars, length, bars, nu
     options = _sampling_options(info, temperature, top_k, **asked)
     _say_which_checkpoint(model_name)
     if chords is not None:
-        from .sampling import chord_ids
+        from .generation.sampling import chord_ids
 
         chord_ids(tok, chords)  # refused before any work when the model has no chord tokens
     if meter is not None or tempo is not None:
-        from .sampling import opening_tokens
+        from .generation.sampling import opening_tokens
 
         opening_tokens(tok, meter, tempo)  # refused before any work when the vocabulary lacks them
     if prompt is not None and tok.config != REMITokenizer().config:
@@ -1283,11 +1283,11 @@ def accompany(
     spemusic accompany ../shared/data/pop909/001.mid --beats ../shared/data/pop909/beats/001.txt -o 001-new.mid
     """
     import_native_libraries()
-    from .accompany import load_melody
-    from .checkpoint import load_model
-    from .chords import parse_chords
-    from .pieces import accompany as accompany_melody
-    from .tokenizer import parse_parts
+    from .generation.accompany import load_melody
+    from .generation.pieces import accompany as accompany_melody
+    from .nn.checkpoint import load_model
+    from .tokens.chords import parse_chords
+    from .tokens.tokenizer import parse_parts
 
     _check_model_names(model)
     wanted = parse_parts(parts)
@@ -1303,7 +1303,7 @@ def accompany(
     _say_which_checkpoint(model)
     held = load_melody(melody, tok, track, beats)
     if progression is not None:
-        from .sampling import chord_ids
+        from .generation.sampling import chord_ids
 
         chord_ids(tok, progression)
     options = _sampling_options(info, temperature, top_k, **asked)
@@ -1340,8 +1340,8 @@ def _seed_or_new(seed: int | None) -> int:
 
 def _play_outputs(port: str | None, to_stdout: bool, midi_to_stdout: bool, soundfont: Path | None):
     """play's outputs: (MIDI out or None, audio out or None, the SoundFont or None, their description)."""
-    from .audio import find_soundfont
-    from .play import SoundCard, open_midi_port, require_mido, stdout_audio, stdout_midi
+    from .generation.play import SoundCard, open_midi_port, require_mido, stdout_audio, stdout_midi
+    from .music.audio import find_soundfont
 
     if midi_to_stdout:
         require_mido()
@@ -1407,11 +1407,11 @@ def play(
     spemusic play --prompt song.mid --seed 7 --stdout > live.raw
     """
     import_native_libraries()
-    from .checkpoint import load_model
     from .files import check_output_file, write_output
-    from .play import Player
-    from .prompts import load_prompt, midi_bytes
-    from .tokenizer import REMITokenizer
+    from .generation.play import Player
+    from .generation.prompts import load_prompt, midi_bytes
+    from .nn.checkpoint import load_model
+    from .tokens.tokenizer import REMITokenizer
 
     if bars is not None and bars < 1:
         raise SpemusicError(f"--bars must be at least 1 (got {bars})")
@@ -1452,7 +1452,7 @@ def play(
 
 def _play_until_stopped(net, tok, player, audio_out, *, prompt, options, seed: int, bars: int | None, record: bool):
     """play.play with a status line; the first Ctrl-C ends the music at the end of its bar."""
-    from .play import SoundCard, play as play_bars
+    from .generation.play import SoundCard, play as play_bars
 
     stop = threading.Event()
 
@@ -1490,7 +1490,7 @@ def models():
     spemusic models
     """
     import_native_libraries()
-    from .checkpoint import available_models, read_metadata, validated_configs
+    from .nn.checkpoint import available_models, read_metadata, validated_configs
 
     _check_model_names()
     found = available_models()
@@ -1556,8 +1556,8 @@ def eval_(
     if reference is not None:
         raise SpemusicError("--reference compares music metrics; use it with --metrics")
     _set_threads(threads)
-    from .checkpoint import load_model
-    from .evaluate import evaluate_nll, plot_format
+    from .nn.checkpoint import load_model
+    from .training.evaluate import evaluate_nll, plot_format
 
     if plot is not None:
         plot_format(plot)
@@ -1565,7 +1565,7 @@ def eval_(
 
     if len(args) < 2:
         raise SpemusicError("give MODEL [MODEL …] DATA")
-    from .sampling import SamplingOptions
+    from .generation.sampling import SamplingOptions
 
     repeat_options = SamplingOptions(repeat=repeat)
     repeat_options.check()
@@ -1619,8 +1619,8 @@ def _print_nll_table(reports, what: str) -> None:
 
 def _write_nll_outputs(reports, json_path: Path | None, plot: Path | None) -> None:
     """eval's --json and --plot files."""
-    from .evaluate import plot_reports
     from .files import write_atomically
+    from .training.evaluate import plot_reports
 
     if json_path is not None:
         payload = reports[0].to_dict() if len(reports) == 1 else {"models": [r.to_dict() for r in reports]}
@@ -1632,8 +1632,8 @@ def _write_nll_outputs(reports, json_path: Path | None, plot: Path | None) -> No
 
 
 def _eval_metrics(args: list[str], reference: Path | None, json_path: Path | None) -> None:
-    from .metrics import collection_summary
-    from .tokenizer import REMITokenizer, TokenizerConfig
+    from .music.metrics import collection_summary
+    from .tokens.tokenizer import REMITokenizer, TokenizerConfig
 
     tok = REMITokenizer(TokenizerConfig(chords=True))  # chord markers count as chords
     pairs, _ = _expand_inputs([Path(a) for a in args], {".mid", ".midi"})

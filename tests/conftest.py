@@ -114,7 +114,7 @@ def tiny_checkpoint(tmp_path_factory) -> Path:
     import torch
 
     from spemusic import ModelConfig, Performer, REMITokenizer
-    from spemusic.checkpoint import WEIGHTS, write_weights
+    from spemusic.nn.checkpoint import WEIGHTS, write_weights
 
     torch.manual_seed(0)
     tok = REMITokenizer()
@@ -128,7 +128,7 @@ def tiny_checkpoint(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def examples(tmp_path_factory) -> dict[str, Path]:
     """The example prompts (a drum groove and a piano phrase), written by the tests themselves."""
-    from spemusic.examples import drum_groove, piano_phrase
+    from spemusic.tokens.examples import drum_groove, piano_phrase
 
     folder = tmp_path_factory.mktemp("examples")
     paths = {"groove": folder / "groove.mid", "piano": folder / "piano.mid"}
@@ -142,7 +142,7 @@ def compiling(monkeypatch):
     """torch.compile on for this test (conftest turns it off for the others)."""
     import torch._dynamo
 
-    from spemusic import compiled
+    from spemusic.nn import compiled
 
     monkeypatch.setattr(compiled, "_REGIONS", {})
     monkeypatch.setattr(compiled, "_failure", None)

@@ -6,7 +6,7 @@ from functools import partial
 import pytest
 import torch
 
-from spemusic.attention import (
+from spemusic.nn.attention import (
     chunked_linear_attention,
     favor_attention,
     favor_attention_training,

@@ -9,8 +9,8 @@ import pytest
 import soundfile
 import symusic
 
-from spemusic import audio
-from spemusic.audio import bundled_soundfont, hold_sustained_notes, render
+from spemusic.music import audio
+from spemusic.music.audio import bundled_soundfont, hold_sustained_notes, render
 
 CHORD = [(0, False, p, 0, 960, 90) for p in (60, 64, 67)]  # one 4/4 half note chord at 120 BPM: 1 s
 

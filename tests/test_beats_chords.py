@@ -8,12 +8,12 @@ import miditoolkit
 import numpy as np
 import pytest
 
-from spemusic.chords import CHORD_NAMES, parse_chord, parse_chords
-from spemusic.data import WindowSampler, prepare
 from spemusic.errors import MidiError, SpemusicError
-from spemusic.grammar import REMIGrammar
-from spemusic.metrics import chord_match, note_grid, summary
-from spemusic.tokenizer import REMITokenizer, TokenizerConfig
+from spemusic.music.metrics import chord_match, note_grid, summary
+from spemusic.tokens.chords import CHORD_NAMES, parse_chord, parse_chords
+from spemusic.tokens.grammar import REMIGrammar
+from spemusic.tokens.tokenizer import REMITokenizer, TokenizerConfig
+from spemusic.training.data import WindowSampler, prepare
 
 TOK = REMITokenizer(TokenizerConfig(chords=True))
 TPQ = 480
@@ -190,7 +190,7 @@ def test_sampling_forces_one_chord_per_bar(tmp_path):
     import torch
 
     from spemusic import ModelConfig, Performer
-    from spemusic.sampling import sample
+    from spemusic.generation.sampling import sample
 
     torch.manual_seed(0)
     model = Performer(ModelConfig.preset("tiny", vocab_size=len(TOK), pe="sinespe", gated=True))
@@ -214,7 +214,7 @@ def test_chord_strength_favours_the_bar_chord_tones():
     import torch
 
     from spemusic import ModelConfig, Performer
-    from spemusic.sampling import chord_tones, sample
+    from spemusic.generation.sampling import chord_tones, sample
 
     tones = chord_tones(TOK, ["C:maj", "N"])
     lo, hi = TOK.range("Pitch")
@@ -283,8 +283,8 @@ def test_cli_beats_and_chords(run_cli, tmp_path, tiny_checkpoint, midi_factory):
 
 def test_continue_with_beats_keeps_the_prompt_and_starts_on_the_annotated_downbeat(shared_data, tmp_path, run_cli,
                                                                                    tiny_checkpoint):
-    from spemusic.beats import TempoMap
-    from spemusic.prompts import load_prompt
+    from spemusic.generation.prompts import load_prompt
+    from spemusic.tokens.beats import TempoMap
 
     pop = shared_data / "pop909"
     song, beats = pop / "001.mid", pop / "beats" / "001.txt"
@@ -305,8 +305,8 @@ def test_continue_with_beats_keeps_the_prompt_and_starts_on_the_annotated_downbe
     assert any(n.start >= cut for i in res.instruments for n in i.notes)
     # the new bars are marked in their meter from the cut on (the random model may change it there;
     # a fixed seed, through the library, so that the meter it writes is known)
-    from spemusic.checkpoint import load_model
-    from spemusic.pieces import continue_prompt
+    from spemusic.generation.pieces import continue_prompt
+    from spemusic.nn.checkpoint import load_model
 
     model, tok = load_model(tiny_checkpoint)
     prompt = load_prompt(song, tok, 4, beats)

@@ -1,4 +1,4 @@
-"""The continuous cache (spemusic.cache): generation and scoring compute the same mixture, it
+"""The continuous cache (spemusic.generation.cache): generation and scoring compute the same mixture, it
 copies what repeats, and it leaves the sampler's grammar and determinism intact."""
 from __future__ import annotations
 
@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from spemusic.cache import CacheOptions, ContinuousCache, mixture_nll
-from spemusic.checkpoint import load_model
-from spemusic.grammar import REMIGrammar
-from spemusic.sampling import SamplingOptions, sample
+from spemusic.generation.cache import CacheOptions, ContinuousCache, mixture_nll
+from spemusic.generation.sampling import SamplingOptions, sample
+from spemusic.nn.checkpoint import load_model
+from spemusic.tokens.grammar import REMIGrammar
 
 
 def _real_song(shared_data, tok, n: int) -> torch.Tensor:
@@ -67,7 +67,7 @@ def test_the_cache_copies_a_repeated_bar(shared_data):
 
 
 def test_sampling_with_the_cache_is_valid_and_deterministic(tiny_checkpoint):
-    from spemusic.grammar import REMIGrammar
+    from spemusic.tokens.grammar import REMIGrammar
 
     model, tok = load_model(tiny_checkpoint)
     opts = SamplingOptions(repeat=1.0)
@@ -91,8 +91,8 @@ def test_the_cache_memory_is_fixed_by_its_window(tiny_checkpoint):
 
 
 def test_chords_in_force():
-    from spemusic.sampling import chords_in_force
-    from spemusic.tokenizer import REMITokenizer, TokenizerConfig
+    from spemusic.generation.sampling import chords_in_force
+    from spemusic.tokens.tokenizer import REMITokenizer, TokenizerConfig
 
     tok = REMITokenizer(TokenizerConfig(chords=True))
     names = ["BOS", "Bar", "TimeSig_4/4", "Position_0", "Chord_A:min", "Tempo_10", "Bar", "Position_0", "Chord_C:maj"]
@@ -124,7 +124,7 @@ def test_with_chords_the_cache_copies_only_under_the_same_chord(shared_data):
 def test_endless_play_samples_with_the_cache(tiny_checkpoint):
     """`play`'s bar-by-bar sampler (stream_bars) with the cache: valid bars, deterministic, not
     the same music as without it."""
-    from spemusic.sampling import stream_bars
+    from spemusic.generation.sampling import stream_bars
 
     model, tok = load_model(tiny_checkpoint)
 

@@ -11,9 +11,9 @@ import pytest
 import symusic
 
 import spemusic
-from spemusic.data import TokenCache, WindowSampler, default_cache_dir, fixed_windows, prepare
 from spemusic.errors import SpemusicError
-from spemusic.tokenizer import REMITokenizer, TokenizerConfig
+from spemusic.tokens.tokenizer import REMITokenizer, TokenizerConfig
+from spemusic.training.data import TokenCache, WindowSampler, default_cache_dir, fixed_windows, prepare
 
 COMMANDS = ["tokenize", "detokenize", "data", "train", "generate", "continue", "models", "eval"]
 
@@ -393,7 +393,7 @@ def test_a_failed_rewrite_of_a_cache_leaves_the_old_one_whole(examples, tmp_path
     import errno
     import shutil
 
-    from spemusic import data as data_module
+    from spemusic.training import data as data_module
 
     src = tmp_path / "midi"
     src.mkdir()

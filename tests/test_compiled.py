@@ -8,9 +8,9 @@ import warnings
 import pytest
 import torch
 
-from spemusic import compiled
-from spemusic.attention import chunked_linear_attention, favor_attention, favor_attention_training
-from spemusic.model import short_conv
+from spemusic.nn import compiled
+from spemusic.nn.attention import chunked_linear_attention, favor_attention, favor_attention_training
+from spemusic.nn.model import short_conv
 
 
 def test_compiled_short_conv_equals_the_plain_one(compiling):
@@ -112,7 +112,7 @@ def test_a_compiled_training_step_has_autograds_gradients(compiling, monkeypatch
     against the same step uncompiled with FAVOR+ differentiated by autograd (favor_attention)."""
     import torch._dynamo
 
-    import spemusic.model
+    import spemusic.nn.model
     from spemusic import ModelConfig, Performer
 
     def gradients():
@@ -125,7 +125,7 @@ def test_a_compiled_training_step_has_autograds_gradients(compiling, monkeypatch
 
     fast = gradients()
     assert compiled.unavailable() is None
-    monkeypatch.setattr(spemusic.model, "favor_attention_training",
+    monkeypatch.setattr(spemusic.nn.model, "favor_attention_training",
                         lambda *args, out_dtype, **kw: (favor_attention(*args, **kw)[0].to(out_dtype), None))
     with torch._dynamo.config.patch(disable=True):
         assert compiled.unavailable() is not None

@@ -8,8 +8,8 @@ import math
 import numpy as np
 import pytest
 
-from spemusic.metrics import continuation_similarity, note_grid, summary
-from spemusic.tokenizer import REMITokenizer
+from spemusic.music.metrics import continuation_similarity, note_grid, summary
+from spemusic.tokens.tokenizer import REMITokenizer
 
 
 def test_eval_nll_table_json_plot(run_cli, tiny_checkpoint, examples, tmp_path):

@@ -18,10 +18,10 @@ import pretty_midi
 import pytest
 import torch
 
-from spemusic.checkpoint import load_model
 from spemusic.errors import OptionError
-from spemusic.grammar import REMIGrammar
-from spemusic.sampling import SamplingOptions, filter_logits, sample
+from spemusic.generation.sampling import SamplingOptions, filter_logits, sample
+from spemusic.nn.checkpoint import load_model
+from spemusic.tokens.grammar import REMIGrammar
 
 
 def _notes(path) -> set:
@@ -93,8 +93,8 @@ def test_bar_top_p_keeps_the_meter_and_leaves_the_first_onset_to_the_model():
 
 def test_library_errors_name_parameters_and_the_cli_names_flags(run_cli, tmp_path):
     from spemusic.cli import _flag
-    from spemusic.keys import parse_key
-    from spemusic.sampling import check_length_bars
+    from spemusic.generation.sampling import check_length_bars
+    from spemusic.music.keys import parse_key
 
     with pytest.raises(OptionError) as e:
         SamplingOptions(temperature=0).check()
@@ -138,8 +138,8 @@ def test_generate_precision_option(run_cli, tiny_checkpoint, tmp_path):
 
 
 def test_auto_step_precision():
-    from spemusic.device import cpu_has_fast_bf16
-    from spemusic.sampling import auto_step_dtype
+    from spemusic.generation.sampling import auto_step_dtype
+    from spemusic.nn.device import cpu_has_fast_bf16
 
     assert auto_step_dtype("cpu", 1) == auto_step_dtype("cpu", 4) == torch.float16
     assert auto_step_dtype("cpu", 8) == (torch.bfloat16 if cpu_has_fast_bf16() else torch.float16)
@@ -237,8 +237,8 @@ def test_an_out_of_range_controller_value_is_clipped_with_a_warning(run_cli, tin
 
 
 def test_continue_picks_groove_for_drums(examples):
-    from spemusic.prompts import load_prompt
-    from spemusic.tokenizer import REMITokenizer
+    from spemusic.generation.prompts import load_prompt
+    from spemusic.tokens.tokenizer import REMITokenizer
 
     assert load_prompt(examples["groove"], REMITokenizer()).only_drums
     assert not load_prompt(examples["piano"], REMITokenizer()).only_drums
@@ -332,7 +332,7 @@ def test_ctrl_c_writes_what_was_generated(tiny_checkpoint, tmp_path):
     assert proc.returncode == 130, err
     assert "interrupted" in err
     assert out.is_file()
-    from spemusic.tokenizer import REMITokenizer
+    from spemusic.tokens.tokenizer import REMITokenizer
 
     tok = REMITokenizer()
     ids = tok.encode(out)
@@ -364,8 +364,8 @@ def test_tokenize_with_every_file_skipped_fails(run_cli, tmp_path):
 
 
 def test_continue_reports_prompt_and_new_bars(run_cli, tiny_checkpoint, examples, tmp_path):
-    from spemusic.prompts import count_bars, load_prompt
-    from spemusic.tokenizer import REMITokenizer
+    from spemusic.generation.prompts import count_bars, load_prompt
+    from spemusic.tokens.tokenizer import REMITokenizer
 
     prompt_bars = count_bars(load_prompt(examples["piano"], REMITokenizer()).ids, REMITokenizer())
     code, out, _ = run_cli("continue", examples["piano"], "--model", tiny_checkpoint, "--bars", 2, "--json",
@@ -430,8 +430,8 @@ def _nine_four(path: Path) -> None:
 
 
 def test_prompt_meter_outside_the_vocabulary_is_said_and_marked(run_cli, tiny_checkpoint, tmp_path):
-    from spemusic.prompts import load_prompt, merge_continuation
-    from spemusic.tokenizer import REMITokenizer
+    from spemusic.generation.prompts import load_prompt, merge_continuation
+    from spemusic.tokens.tokenizer import REMITokenizer
 
     src = tmp_path / "nine.mid"
     _nine_four(src)
@@ -467,9 +467,9 @@ def test_a_piece_from_scratch_opens_on_a_note(tiny_checkpoint):
 def test_a_first_bar_holding_only_a_chord_is_no_opening():
     """A chord change may stand without a note, but not as the whole first bar of a piece from
     scratch (pop-piano once opened on a chord and 22 empty bars)."""
-    from spemusic.grammar import GrammarState, REMIGrammar
-    from spemusic.sampling import next_token_mask
-    from spemusic.tokenizer import REMITokenizer, TokenizerConfig
+    from spemusic.generation.sampling import next_token_mask
+    from spemusic.tokens.grammar import GrammarState, REMIGrammar
+    from spemusic.tokens.tokenizer import REMITokenizer, TokenizerConfig
 
     tok = REMITokenizer(TokenizerConfig(chords=True))
     grammar = REMIGrammar(tok)
@@ -514,7 +514,7 @@ def test_without_seed_every_run_is_new_and_can_be_made_again(run_cli, tiny_check
 
 
 def test_meter_and_tempo_open_the_piece(run_cli, tiny_checkpoint, tmp_path):
-    from spemusic.tokenizer import REMITokenizer
+    from spemusic.tokens.tokenizer import REMITokenizer
 
     tok = REMITokenizer()
     for seed in (1, 2):
@@ -566,7 +566,7 @@ def test_out_of_range_sampling_options(run_cli, tiny_checkpoint, tmp_path, args,
 
 
 def test_sampling_defaults_follow_the_model():
-    from spemusic.sampling import SamplingOptions
+    from spemusic.generation.sampling import SamplingOptions
 
     pop = SamplingOptions.for_model("pop-piano")
     groove = SamplingOptions.for_model("groove")
@@ -584,7 +584,7 @@ def test_sampling_defaults_follow_the_model():
 def test_sampling_keeps_to_the_vocabulary_seen_in_training(tiny_checkpoint, examples):
     """A token the model never saw in training (another instrument's Program) is never drawn;
     where only unseen tokens fit (a prompt's instrument the model never saw), the grammar decides."""
-    from spemusic.sampling import within_training
+    from spemusic.generation.sampling import within_training
 
     model, tok = load_model(tiny_checkpoint)
     assert model.trained_tokens is None  # a checkpoint that does not record it: no restriction
@@ -605,7 +605,7 @@ def test_sampling_keeps_to_the_vocabulary_seen_in_training(tiny_checkpoint, exam
 def test_training_records_its_vocabulary():
     """trained_vocabulary: what the songs hold, widened by the sampler's transpositions."""
     from spemusic import REMITokenizer
-    from spemusic.data import trained_vocabulary
+    from spemusic.training.data import trained_vocabulary
 
     class Cache:  # the two things trained_vocabulary reads
         tokenizer = REMITokenizer()
@@ -625,8 +625,8 @@ def test_training_records_its_vocabulary():
 def test_discourage_holes_moves_the_next_onset_closer_and_keeps_its_total():
     """Onsets that would leave silence are penalised by its length; the onsets' total (against
     another note at this onset) is kept, and pieces not choosing an onset are untouched."""
-    from spemusic.grammar import NOTE_END, PITCH, GrammarState
-    from spemusic.sampling import discourage_holes
+    from spemusic.generation.sampling import discourage_holes
+    from spemusic.tokens.grammar import NOTE_END, PITCH, GrammarState
 
     onsets = torch.arange(10, 10 + 49)  # Position_0 … Position_47, then the bar line
     after_note = GrammarState(last=NOTE_END, pos=0, bar_len=48, sounding=12)  # sounds for one beat
@@ -647,9 +647,9 @@ def test_a_large_hole_penalty_leaves_no_hole(shared_data):
     quarter beat only where the penalty cannot see it coming: melody first, a bar without melody
     whose first onset (chosen before the model says which part plays it) comes late. Without the
     penalty, the same seeds leave more silence."""
-    from spemusic.checkpoint import load_model
-    from spemusic.metrics import note_grid, sounding
-    from spemusic.sampling import SamplingOptions, sample
+    from spemusic.generation.sampling import SamplingOptions, sample
+    from spemusic.music.metrics import note_grid, sounding
+    from spemusic.nn.checkpoint import load_model
 
     model, tok = load_model("pop-piano")
     melody = tok.part_id("melody")
@@ -678,8 +678,8 @@ def test_a_large_hole_penalty_leaves_no_hole(shared_data):
 def test_temper_stacking_scales_the_odds_of_one_more_note():
     """Once an onset holds two notes, the odds of one more note (its Program tokens against the
     rest) are multiplied by the scale; an onset with one note, and a piece mid-note, are untouched."""
-    from spemusic.grammar import NOTE_END, PITCH, GrammarState
-    from spemusic.sampling import temper_stacking
+    from spemusic.generation.sampling import temper_stacking
+    from spemusic.tokens.grammar import NOTE_END, PITCH, GrammarState
 
     programs = slice(20, 30)
     two = GrammarState(last=NOTE_END, notes_here=2)
@@ -712,8 +712,8 @@ def test_meter_holds_for_the_whole_piece_and_tempo_is_written_exactly(run_cli, t
         assert max(onsets) < 16 * 3 * midi.ticks_per_beat  # 16 bars of three beats
     # the rule itself: after any later bar line, no time signature may be written
     from spemusic import load_model
-    from spemusic.grammar import GrammarState, REMIGrammar
-    from spemusic.sampling import _Steering
+    from spemusic.generation.sampling import _Steering
+    from spemusic.tokens.grammar import GrammarState, REMIGrammar
 
     _, tok = load_model("pop-piano")
     grammar = REMIGrammar(tok)
@@ -728,10 +728,10 @@ def test_meter_holds_for_the_whole_piece_and_tempo_is_written_exactly(run_cli, t
 
 @pytest.mark.parametrize("name", ["pop-piano", "groove"])
 def test_the_library_makes_the_music_the_command_makes(run_cli, tmp_path, name):
-    """spemusic.pieces.generate with a shipped model and no options samples with generate's own
+    """spemusic.generation.pieces.generate with a shipped model and no options samples with generate's own
     defaults for it: the same seed gives the same bytes."""
     from spemusic import load_model
-    from spemusic.pieces import generate
+    from spemusic.generation.pieces import generate
 
     code, _, err = run_cli("generate", "--model", name, "--bars", 2, "--seed", 3, "-o", tmp_path / "cli.mid")
     assert code == 0, err
@@ -743,16 +743,16 @@ def test_the_library_makes_the_music_the_command_makes(run_cli, tmp_path, name):
 
 def test_a_checkpoint_carries_its_own_sampling_defaults(run_cli, tiny_checkpoint, tmp_path):
     """Sampling defaults recorded in a checkpoint (release --sampling) are the ones generate and
-    spemusic.pieces sample it with; a record that is not theirs is one line."""
+    spemusic.generation.pieces sample it with; a record that is not theirs is one line."""
     import json
 
     import safetensors
 
     from spemusic import load_model
-    from spemusic.checkpoint import WEIGHTS, write_weights
+    from spemusic.generation.pieces import generate
+    from spemusic.generation.sampling import SamplingOptions
+    from spemusic.nn.checkpoint import WEIGHTS, write_weights
     from spemusic.options import SAMPLING_DEFAULTS
-    from spemusic.pieces import generate
-    from spemusic.sampling import SamplingOptions
 
     model, tok = load_model(tiny_checkpoint)
     with safetensors.safe_open(str(tiny_checkpoint / WEIGHTS), "pt") as f:
@@ -778,7 +778,7 @@ def test_a_checkpoint_carries_its_own_sampling_defaults(run_cli, tiny_checkpoint
 def test_release_reads_sampling_defaults_as_key_value_pairs():
     import argparse
 
-    from spemusic.release import _sampling_flag
+    from spemusic.training.release import _sampling_flag
 
     assert _sampling_flag("top_p=0.8,bar_top_p=0.75") == {"top_p": 0.8, "bar_top_p": 0.75}
     for bad in ("top_q=0.8", "top_p", "top_p=high"):

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from spemusic.tokenizer import REMITokenizer
+from spemusic.tokens.tokenizer import REMITokenizer
 
 # ----------------------------------------------------------------------------- raw MIDI bytes
 

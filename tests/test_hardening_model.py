@@ -112,7 +112,7 @@ def test_models_lists_a_broken_checkpoint_as_unusable(run_cli, tiny_checkpoint, 
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory, examples) -> Path:
     """A finished 3-step run of the tiny preset on the example groove (no valid split: no `best`)."""
-    from spemusic.train import TrainConfig, train
+    from spemusic.training.train import TrainConfig, train
 
     run = tmp_path_factory.mktemp("runs") / "run"
     train(TrainConfig(data=str(examples["groove"].parent), preset="tiny", seq_len=64, batch_size=2, steps=3,
@@ -121,7 +121,7 @@ def tiny_run(tmp_path_factory, examples) -> Path:
 
 
 def test_a_run_records_the_vocabulary_it_trained_on(tiny_run):
-    from spemusic.checkpoint import load_model
+    from spemusic.nn.checkpoint import load_model
 
     model, tok = load_model(tiny_run / "last")
     names = {n.split("_")[0] for n, seen in zip(tok.ids_to_tokens(range(len(tok))), model.trained_tokens) if seen}
@@ -198,7 +198,7 @@ def test_a_full_disk_while_saving_keeps_last_and_leaves_no_temporary_folder(run_
     line = _one_line_error(code, err)
     assert "no space left on device while saving step 2" in line and "`last` still points at step-00000001" in line, line
     assert [p.name for p in (run / "ckpt").iterdir()] == ["step-00000001"]  # no .tmp-step-* left
-    from spemusic.checkpoint import load_model
+    from spemusic.nn.checkpoint import load_model
     load_model(run / "last")
     code, _, err = run_cli("train", "--resume", run, "--steps", 8)  # resuming on the full disk: the same, in one line
     assert "no space left on device while saving step 2" in _one_line_error(code, err)
@@ -223,7 +223,7 @@ def test_a_fresh_run_on_a_full_disk_names_the_file(run_cli, examples, small_disk
 
 
 def test_a_prompt_past_the_limit_is_refused_and_fewer_bars_pass(run_cli, tiny_checkpoint, examples, tmp_path, monkeypatch):
-    from spemusic import prompts
+    from spemusic.generation import prompts
 
     monkeypatch.setattr(prompts, "MAX_PROMPT_TOKENS", 100)  # the piano phrase: 232 tokens, its first bar 64
     out = tmp_path / "c.mid"
@@ -241,7 +241,7 @@ def test_a_note_two_to_the_28_ticks_long_costs_no_tick_array():
 
     import miditoolkit
 
-    from spemusic.prompts import midi_stats
+    from spemusic.generation.prompts import midi_stats
 
     midi = miditoolkit.MidiFile(ticks_per_beat=480)
     midi.tempo_changes = [miditoolkit.TempoChange(120.0, 0), miditoolkit.TempoChange(60.0, 960)]
@@ -259,7 +259,7 @@ def test_a_note_two_to_the_28_ticks_long_costs_no_tick_array():
 def test_tick_seconds_agrees_with_miditoolkit_on_real_files(shared_data):
     import miditoolkit
 
-    from spemusic.prompts import tick_seconds
+    from spemusic.generation.prompts import tick_seconds
 
     for path in sorted((shared_data / "pop909").glob("*.mid"))[:3] + sorted((shared_data / "groove").rglob("*.mid"))[:3]:
         midi = miditoolkit.MidiFile(str(path))

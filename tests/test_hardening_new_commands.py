@@ -164,7 +164,7 @@ def test_render_writes_a_long_ogg_in_blocks(midi_factory, tmp_path):
 def test_render_in_segments_sounds_as_a_whole_render(midi_factory):
     import symusic
 
-    from spemusic.audio import bundled_soundfont, hold_sustained_notes, render
+    from spemusic.music.audio import bundled_soundfont, hold_sustained_notes, render
 
     font = bundled_soundfont()
     if font is None:
@@ -181,7 +181,7 @@ def test_render_in_segments_sounds_as_a_whole_render(midi_factory):
 def test_a_long_silence_is_rendered_a_segment_at_a_time(midi_factory):
     """Two notes 40 minutes apart (found by benchmarks/fuzz_midi.py): the silence between them
     comes out in blocks of one segment, not as one 800 MB buffer, and the audio is whole."""
-    from spemusic.audio import SAMPLE_RATE, SEGMENT_SECONDS, bundled_soundfont, render_blocks
+    from spemusic.music.audio import SAMPLE_RATE, SEGMENT_SECONDS, bundled_soundfont, render_blocks
 
     font = bundled_soundfont()
     if font is None:

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from spemusic.chords import CHORD_NAMES
 from spemusic.errors import SpemusicError
-from spemusic.harmony import N_POS, Harmonizer, accuracy, bars_of, chart_melody, melody_key
+from spemusic.music.harmony import N_POS, Harmonizer, accuracy, bars_of, chart_melody, melody_key
+from spemusic.tokens.chords import CHORD_NAMES
 
 EXAMPLE = str(Path(__file__).resolve().parents[1] / "data" / "examples" / "melody.mid")
 
@@ -27,7 +27,7 @@ def _bars(chords: list[str], tones: dict[str, list[int]]) -> tuple[np.ndarray, n
 
 
 def test_fitted_tables_chart_a_melody_in_any_key(tmp_path):
-    from spemusic.harmony import BarData
+    from spemusic.music.harmony import BarData
 
     tones = {"C:maj": [0, 4, 7, 0], "F:maj": [5, 9, 0, 5], "G:maj": [7, 11, 2, 7], "A:min": [9, 0, 4, 9]}
     song = ["C:maj", "F:maj", "G:maj", "C:maj", "A:min", "F:maj", "G:maj", "C:maj"]
@@ -54,7 +54,7 @@ def test_fitted_tables_chart_a_melody_in_any_key(tmp_path):
 def test_metrical_positions_weigh_the_beats():
     """A bar's melody by where its notes fall: the same five pitch classes are C major with C, E, G
     on the beats (A and B passing off the beat), A minor with A, C, E on them."""
-    from spemusic.harmony import BarData
+    from spemusic.music.harmony import BarData
 
     def bar(on_beats: list[int], off_beats: list[int]) -> np.ndarray:
         m = np.zeros((N_POS, 12))
@@ -78,8 +78,8 @@ def test_metrical_positions_weigh_the_beats():
 
 def test_bars_of_places_notes_by_metrical_position():
     from spemusic import load_model
-    from spemusic.accompany import load_melody
-    from spemusic.metrics import note_grid
+    from spemusic.generation.accompany import load_melody
+    from spemusic.music.metrics import note_grid
 
     _, tok = load_model("pop-piano")
     ids = load_melody(EXAMPLE, tok).ids
@@ -98,7 +98,7 @@ def test_bars_of_places_notes_by_metrical_position():
 
 def test_shipped_harmonizer_charts_the_example_melody():
     from spemusic import load_model
-    from spemusic.accompany import load_melody
+    from spemusic.generation.accompany import load_melody
 
     model, tok = load_model("pop-piano")
     melody = load_melody(EXAMPLE, tok)
@@ -107,7 +107,7 @@ def test_shipped_harmonizer_charts_the_example_melody():
     assert set(chart) <= set(CHORD_NAMES) and chart[0] == "C:maj"  # the example is in C major
     assert chart_melody(load_model("groove")[0], melody.ids, tok) is None  # no harmonizer beside it
     # the library plays the chart by default, as the command does
-    from spemusic.pieces import accompany
+    from spemusic.generation.pieces import accompany
 
     pieces = accompany(model, tok, melody, seed=3)
     assert pieces.chart == chart

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from spemusic.errors import SpemusicError
-from spemusic.keys import estimate_key, key_name, parse_key, shift_to, transpose_ids
-from spemusic.tokenizer import REMITokenizer, TokenizerConfig
+from spemusic.music.keys import estimate_key, key_name, parse_key, shift_to, transpose_ids
+from spemusic.tokens.tokenizer import REMITokenizer, TokenizerConfig
 
 TOK = REMITokenizer(TokenizerConfig(chords=True))
 

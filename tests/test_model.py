@@ -6,10 +6,10 @@ import math
 import pytest
 import torch
 
-from spemusic.attention import orthogonal_features
 from spemusic.errors import SpemusicError
-from spemusic.model import ModelConfig, Performer
-from spemusic.spe import ConvSPE, SineSPE, SPEFilter
+from spemusic.nn.attention import orthogonal_features
+from spemusic.nn.model import ModelConfig, Performer
+from spemusic.nn.spe import ConvSPE, SineSPE, SPEFilter
 
 V = 97
 
@@ -99,7 +99,7 @@ def _forward_and_steps(m, ids) -> torch.Tensor:
 def test_forward_and_step_share_the_ffn(monkeypatch, short_conv):
     """The FFN is written once (Block.ffn): changed, it changes the parallel pass and the step
     alike, which still agree."""
-    from spemusic.model import Block
+    from spemusic.nn.model import Block
 
     m = _model(pe="sinespe", short_conv=short_conv)
     m.resample(7)
@@ -115,16 +115,16 @@ def test_forward_and_step_share_the_ffn(monkeypatch, short_conv):
 def test_forward_and_step_share_phi(monkeypatch, name, pe, gated):
     """FAVOR+'s φ is written once (attention.favor_query, favor_key): another feature map in its
     place changes the parallel pass and the step alike, which still agree."""
-    import spemusic.attention
-    import spemusic.model
+    import spemusic.nn.attention
+    import spemusic.nn.model
 
     m = _model(pe=pe, gated=gated)
     m.resample(7)
     ids = torch.randint(0, V, (2, 40), generator=torch.Generator().manual_seed(1))
     before = _forward_and_steps(m, ids)
-    phi = getattr(spemusic.attention, name)
-    assert getattr(spemusic.model, name) is phi
-    for module in (spemusic.attention, spemusic.model):
+    phi = getattr(spemusic.nn.attention, name)
+    assert getattr(spemusic.nn.model, name) is phi
+    for module in (spemusic.nn.attention, spemusic.nn.model):
         monkeypatch.setattr(module, name, lambda *args: phi(*args) ** 2)  # another positive feature map
     assert (_forward_and_steps(m, ids) - before).abs().max() > 1.0
 
@@ -294,7 +294,7 @@ def test_gating_limits():
 
 
 def test_tiled_sine_filter_matches_the_materialised_code(monkeypatch):
-    import spemusic.fused as fused
+    import spemusic.nn.fused as fused
 
     torch.manual_seed(0)
     H, D, K, R, T = 2, 4, 3, 16, 50
@@ -323,7 +323,7 @@ def test_sine_filter_gradients_match_the_plain_formula(monkeypatch, request, gat
     q̂ = Σ_d q_d Q̄'_d with Q̄ = Σ_k λ_k [cos(2πf_k m + θ_k) Z_k,1 + sin(2πf_k m + θ_k) Z_k,2],
     Q̄' = √(1-g) Q̄ + √g ε: outputs and every gradient (q, k, frequencies, phases, gains, gate),
     in one tile and in uneven tiles; also with the tiles' products compiled, as training runs them."""
-    import spemusic.fused as fused
+    import spemusic.nn.fused as fused
 
     if compile_regions:
         request.getfixturevalue("compiling")
@@ -380,7 +380,7 @@ def test_sine_filter_gradients_match_the_plain_formula(monkeypatch, request, gat
 def test_norm_linear_gradients_match_layer_norm_then_linear():
     """NormLinear (training: the normalised input recomputed in the backward pass) gives
     nn.LayerNorm + linear's outputs and gradients, with and without a bias, fp32 and bf16."""
-    from spemusic.fused import NormLinear
+    from spemusic.nn.fused import NormLinear
 
     torch.manual_seed(0)
     norm = torch.nn.LayerNorm(16)
@@ -409,7 +409,7 @@ def test_norm_linear_gradients_match_layer_norm_then_linear():
 def test_gelu_linear_gradients_match_gelu_then_linear():
     """GeluLinear (training: gelu(u) recomputed in the backward pass) gives linear(gelu(u))'s
     output and gradients, fp32 and under bf16 autocast."""
-    from spemusic.fused import GeluLinear
+    from spemusic.nn.fused import GeluLinear
 
     torch.manual_seed(0)
     lin = torch.nn.Linear(64, 24)
@@ -465,7 +465,7 @@ def test_absolute_pe_refuses_past_max_len(pe):
 def test_only_table_encodings_limit_generation_and_eval():
     """generate and eval refuse lengths past max_len for the encodings that stop there (sampling,
     evaluate: ModelConfig.length_limited), not for the continuous axial one."""
-    from spemusic.model import ModelConfig
+    from spemusic.nn.model import ModelConfig
 
     assert [pe for pe in ("ape", "sinusoidal", "axial", "axial-continuous", "sinespe", "convspe", "none")
             if ModelConfig(vocab_size=8, pe=pe).length_limited] == ["ape", "sinusoidal", "axial"]
@@ -519,7 +519,7 @@ def test_bf16_autocast_keeps_state_fp32():
 
 
 def test_short_conv_added_at_zero_keeps_the_function():
-    from spemusic.train import with_short_conv
+    from spemusic.training.train import with_short_conv
 
     old = _model(pe="sinespe", gated=True, short_conv=0)
     new = with_short_conv(old, 4).eval()
@@ -654,7 +654,7 @@ def test_activation_checkpointing_gives_the_same_gradients(pe):
 def test_pitch_memory_parallel_equals_recurrent_and_starts_at_zero():
     from dataclasses import replace
 
-    from spemusic.train import widened
+    from spemusic.training.train import widened
 
     torch.manual_seed(0)
     base = Performer(ModelConfig.preset("tiny", vocab_size=160)).eval()
@@ -677,7 +677,7 @@ def test_pitch_memory_parallel_equals_recurrent_and_starts_at_zero():
         outs.append(logits[:, None])
     assert (torch.cat(outs, 1) - full).abs().max().item() <= 1e-4
     # what is remembered: the pitch right after each Program, held until the next
-    from spemusic.recall import pitch_memory
+    from spemusic.nn.recall import pitch_memory
 
     rows, carry = pitch_memory(ids, None, m.memory_programs, m.cfg.pitch_range)
     last_token, last_pitch = carry[:, 0], carry[:, 1:]
@@ -726,7 +726,7 @@ def _echo_reference(seq: list[int], bars: int = 1) -> list[int]:
     several bars, the echo most of them give (ties: the nearest bar's)."""
     from collections import Counter
 
-    from spemusic.recall import ECHO_PLACES
+    from spemusic.nn.recall import ECHO_PLACES
 
     out, done, cur = [], [], None  # done: the finished bars, nearest last
     pos = since = 0
@@ -755,8 +755,8 @@ def _echo_reference(seq: list[int], bars: int = 1) -> list[int]:
 def test_bar_echo_is_the_next_token_one_bar_back_and_the_same_one_token_at_a_time():
     from dataclasses import replace
 
-    from spemusic.recall import ECHO_CONTEXT, bar_echo
-    from spemusic.train import widened
+    from spemusic.nn.recall import ECHO_CONTEXT, bar_echo
+    from spemusic.training.train import widened
 
     ids = _bar_stream(2, 60, seed=4)
     assert ids.shape[1] > ECHO_CONTEXT  # the carried context runs out: bars echo only what it holds
@@ -791,8 +791,8 @@ def test_bar_echo_is_the_next_token_one_bar_back_and_the_same_one_token_at_a_tim
 def test_bar_echo_over_several_bars_is_what_most_of_them_had_and_the_same_one_token_at_a_time():
     from dataclasses import replace
 
-    from spemusic.recall import bar_echo
-    from spemusic.train import widened
+    from spemusic.nn.recall import bar_echo
+    from spemusic.training.train import widened
 
     ids = _bar_stream(2, 60, seed=4)
     held, _ = bar_echo(ids, None, 1, (2, 50), 150, bars=4)

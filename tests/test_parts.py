@@ -10,8 +10,8 @@ import symusic
 from miditoolkit import Instrument, MidiFile, Note, TempoChange, TimeSignature
 
 from spemusic.errors import ConfigError
-from spemusic.grammar import REMIGrammar
-from spemusic.tokenizer import REMITokenizer, TokenizerConfig
+from spemusic.tokens.grammar import REMIGrammar
+from spemusic.tokens.tokenizer import REMITokenizer, TokenizerConfig
 
 PARTS_TOK = REMITokenizer(TokenizerConfig(chords=True, parts=True))
 MELODY_FIRST_TOK = REMITokenizer(TokenizerConfig(chords=True, parts=True, melody_first=True))
@@ -63,8 +63,8 @@ def notes_by_track(score) -> dict[str, list]:
 def test_melody_first_writes_each_bars_melody_before_the_other_parts(shared_data):
     """The same notes in both orders; with melody_first every bar is Bar [TimeSig] [Tempo], its
     melody onsets, then the other parts' onsets with the chords (Position restarts)."""
-    from spemusic.grammar import GrammarState
-    from spemusic.tokenizer import CHORD, PITCH, TEMPO
+    from spemusic.tokens.grammar import GrammarState
+    from spemusic.tokens.tokenizer import CHORD, PITCH, TEMPO
 
     d = shared_data / "pop909"
     grammar = REMIGrammar(MELODY_FIRST_TOK)
@@ -90,7 +90,7 @@ def test_melody_first_writes_each_bars_melody_before_the_other_parts(shared_data
 def test_chord_every_bar_opens_each_bars_other_parts_on_its_chord(shared_data):
     """chord_every_bar: the melody_first stream, plus Position_0 and the chord in force where a
     bar's other parts begin (from the first chord on); the same notes and the same chord changes."""
-    from spemusic.tokenizer import BAR, CHORD, POSITION
+    from spemusic.tokens.tokenizer import BAR, CHORD, POSITION
 
     d = shared_data / "pop909"
     grammar = REMIGrammar(BAR_CHORDS_TOK)
@@ -127,8 +127,8 @@ def test_melody_first_samples_follow_the_grammar(shared_data):
     """From scratch, on a chord progression and holding a real melody: valid pieces, the asked
     chord opening each bar's other parts, the melody back token for token."""
     from spemusic import load_model
-    from spemusic.accompany import hold_melody, load_melody
-    from spemusic.sampling import SamplingOptions, sample
+    from spemusic.generation.accompany import hold_melody, load_melody
+    from spemusic.generation.sampling import SamplingOptions, sample
 
     model, shipped = load_model("pop-piano")
     tok = REMITokenizer(TokenizerConfig.from_dict({**shipped.config.to_dict(), "melody_first": True}))
@@ -195,8 +195,8 @@ def melody_notes(ids, tok) -> list[tuple]:
 
 def test_accompany_keeps_the_melody_exactly(tmp_path):
     from spemusic import load_model
-    from spemusic.accompany import load_melody
-    from spemusic.pieces import accompany
+    from spemusic.generation.accompany import load_melody
+    from spemusic.generation.pieces import accompany
 
     model, tok = load_model("pop-piano")
     path = write_tracks(tmp_path / "tune.mid", [("Lead", 73, MELODY)])
@@ -247,8 +247,8 @@ def test_accompany_bars_before_the_melody(tmp_path):
     """Bars before the melody's first note (a song's intro), even a span of them with no melody
     note and so no tempo of its own, are the model's to fill."""
     from spemusic import load_model
-    from spemusic.accompany import hold_melody, load_melody
-    from spemusic.sampling import sample
+    from spemusic.generation.accompany import hold_melody, load_melody
+    from spemusic.generation.sampling import sample
 
     model, tok = load_model("pop-piano")
     late = [(p, s + 16, d, v) for p, s, d, v in MELODY]  # from bar 5
@@ -265,8 +265,8 @@ def test_accompany_on_beats_writes_the_annotated_bars(tmp_path):
     """A melody whose file says 1/4 (as POP909's do), accompanied on a beat annotation of 4-beat
     bars: the output's time signatures are the annotation's, so a DAW shows the right bars."""
     from spemusic import load_model
-    from spemusic.accompany import load_melody
-    from spemusic.pieces import accompany
+    from spemusic.generation.accompany import load_melody
+    from spemusic.generation.pieces import accompany
 
     model, tok = load_model("pop-piano")
     path = write_tracks(tmp_path / "tune.mid", [("MELODY", 0, MELODY)])
@@ -283,8 +283,8 @@ def test_accompany_on_beats_writes_the_annotated_bars(tmp_path):
 
 @pytest.mark.parametrize("order", ["time", "melody_first"])
 def test_lead_sheet_keeps_the_melody_and_the_chords(shared_data, order):
-    from spemusic.data import lead_sheet
-    from spemusic.tokenizer import CHORD, PROGRAM
+    from spemusic.tokens.tokenizer import CHORD, PROGRAM
+    from spemusic.training.data import lead_sheet
 
     tok = {"time": PARTS_TOK, "melody_first": MELODY_FIRST_TOK}[order]
     d = shared_data / "pop909"
@@ -305,9 +305,9 @@ def test_lead_sheet_keeps_the_melody_and_the_chords(shared_data, order):
 
 
 def test_lead_sheet_option_needs_parts(shared_data, tmp_path):
-    from spemusic.data import WindowSampler, prepare
     from spemusic.errors import OptionError
     from spemusic.options import TrainConfig
+    from spemusic.training.data import WindowSampler, prepare
 
     with pytest.raises(OptionError, match="lead_sheet"):
         TrainConfig(steps=1, lead_sheet=1.5).check()
@@ -320,7 +320,7 @@ def test_lead_sheet_option_needs_parts(shared_data, tmp_path):
 
 
 def test_melody_clashes_counts_the_melody_time_a_semitone_off_the_accompaniment(tmp_path):
-    from spemusic.metrics import melody_clashes, note_grid
+    from spemusic.music.metrics import melody_clashes, note_grid
 
     chord = [(48, 0, 4, 70), (52, 0, 4, 70), (55, 0, 4, 70)]  # C E G for one bar
     for melody, share in (([(72, 0, 2, 90), (76, 2, 2, 90)], 0.0),        # C, E: chord tones
@@ -338,7 +338,7 @@ def test_chord_every_bar_samples_state_each_bars_chord():
     import torch
 
     from spemusic import ModelConfig, Performer
-    from spemusic.sampling import sample
+    from spemusic.generation.sampling import sample
 
     torch.manual_seed(0)
     model = Performer(ModelConfig.preset("tiny", vocab_size=len(BAR_CHORDS_TOK), pe="sinespe", gated=True))

@@ -9,7 +9,7 @@ import symusic
 pytest.importorskip("matplotlib")
 from matplotlib.image import imread
 
-from spemusic.pianoroll import CONTINUATION_MARKER, bar_grid
+from spemusic.music.pianoroll import CONTINUATION_MARKER, bar_grid
 
 CHORD = [(0, False, p, 0, 960, 90) for p in (60, 64, 67)]
 
@@ -64,7 +64,7 @@ def test_show_bad_options(run_cli, examples, tmp_path, monkeypatch, args, messag
 
 def test_bar_range_errors_name_the_parameter_and_show_the_flag(run_cli, examples, tmp_path):
     from spemusic.errors import OptionError
-    from spemusic.pianoroll import draw_file, parse_bar_range, parse_size
+    from spemusic.music.pianoroll import draw_file, parse_bar_range, parse_size
 
     for call, text in ((lambda: parse_bar_range("{a}"), "bars '{a}': give A:B"),
                        (lambda: parse_size("10x10"), "size '10x10': width 200-20000"),
@@ -126,8 +126,8 @@ def test_show_beats_draws_the_annotated_bars(run_cli, midi_factory, tmp_path):
     assert code == 1 and "has 5 bars" in err
     code, _, err = run_cli("show", src, "--beats", beats, "--bars", "2:3", "-o", tmp_path / "c.png")
     assert code == 0, err
-    from spemusic.beats import read_beats
-    from spemusic.pianoroll import annotated_grid
+    from spemusic.music.pianoroll import annotated_grid
+    from spemusic.tokens.beats import read_beats
 
     grid = annotated_grid(symusic.Score(str(src)), read_beats(beats))
     assert grid.starts[:5].tolist() == [0, 960, 2880, 4800, 6720]
@@ -138,7 +138,7 @@ def test_show_beats_draws_the_annotated_bars(run_cli, midi_factory, tmp_path):
 def test_every_groove_drum_has_a_name_and_room_for_it():
     import pretty_midi
 
-    from spemusic.pianoroll import _drum_name, render
+    from spemusic.music.pianoroll import _drum_name, render
 
     groove_kit = (22, 26, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 53, 55, 57, 58, 59)
     assert all(_drum_name(pretty_midi, p)[0].isalpha() for p in groove_kit)

@@ -5,11 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from spemusic import play as play_module
-from spemusic.audio import bundled_soundfont
-from spemusic.checkpoint import load_model
-from spemusic.play import BarTimer, Player, play
-from spemusic.tokenizer import REMITokenizer
+from spemusic.generation import play as play_module
+from spemusic.generation.play import BarTimer, Player, play
+from spemusic.music.audio import bundled_soundfont
+from spemusic.nn.checkpoint import load_model
+from spemusic.tokens.tokenizer import REMITokenizer
 
 
 class FakeClock:
@@ -78,7 +78,7 @@ def test_midi_events_are_sent_on_time(tiny):
 
 def player_schedule(model, tok, seed, bars):
     """The note-on times of the same piece, worked out without a player."""
-    from spemusic.sampling import stream_bars
+    from spemusic.generation.sampling import stream_bars
 
     timer, start, out = BarTimer(tok), 0.0, []
     for i, bar in enumerate(stream_bars(model, tok, seed=seed)):

@@ -9,9 +9,9 @@ import re
 import miditoolkit
 import pytest
 
-from spemusic.checkpoint import available_models, load_model
-from spemusic.grammar import REMIGrammar
-from spemusic.tokenizer import REMITokenizer
+from spemusic.nn.checkpoint import available_models, load_model
+from spemusic.tokens.grammar import REMIGrammar
+from spemusic.tokens.tokenizer import REMITokenizer
 
 
 def test_both_models_are_installed(run_cli):

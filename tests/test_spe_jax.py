@@ -1,4 +1,4 @@
-"""The JAX/Flax SPE (spemusic.spe_jax) against the PyTorch one, on the same parameters and the
+"""The JAX/Flax SPE (spemusic.nn.spe_jax) against the PyTorch one, on the same parameters and the
 same draws: codes, q̂ and k̂, a causal linear attention's output, and the streaming form."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from spemusic import spe
+from spemusic.nn import spe
 
 # JAX is imported when these tests run, and they run last (conftest.py): JAX starts threads,
 # which a later test's fork (data prepare's workers) would copy
@@ -26,7 +26,7 @@ def _jax():
         jax = pytest.importorskip("jax")
     import jax.numpy as jnp
 
-    from spemusic import spe_jax
+    from spemusic.nn import spe_jax
 
 
 H, D, R, B, T = 2, 4, 16, 2, 48

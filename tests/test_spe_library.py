@@ -40,7 +40,7 @@ def test_readme_example_is_linear_attention_with_spe():
 
 @pytest.mark.parametrize("kind", ["sine", "conv"])
 def test_streaming_gives_the_parallel_codes(kind):
-    from spemusic.spe import ConvSPE, SineSPE, SPEFilter
+    from spemusic.nn.spe import ConvSPE, SineSPE, SPEFilter
 
     torch.manual_seed(0)
     H, D, T, start = 2, 8, 40, 300
@@ -61,7 +61,7 @@ def test_streaming_gives_the_parallel_codes(kind):
 
 
 def test_importing_spe_pulls_no_midi_code():
-    code = ("import sys, spemusic.spe; "
+    code = ("import sys, spemusic.nn.spe; "
             "print(sorted(m for m in ('symusic', 'miditoolkit', 'pretty_midi', 'mido') if m in sys.modules))")
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "[]"
 

@@ -11,8 +11,8 @@ import pytest
 import symusic
 
 from spemusic.errors import MidiError
-from spemusic.grammar import GrammarState, REMIGrammar
-from spemusic.tokenizer import REMITokenizer, TokenError, TokenizerConfig
+from spemusic.tokens.grammar import GrammarState, REMIGrammar
+from spemusic.tokens.tokenizer import REMITokenizer, TokenError, TokenizerConfig
 
 TOK = REMITokenizer()
 RES = TOK.config.beat_resolution
@@ -608,8 +608,8 @@ def test_grammar_knows_where_the_sound_ends(shared_data):
     onset whether a note still sounds, as the piano roll of the same tokens does: on a real song
     re-barred by its beat annotation (bars of several lengths, pickup, chord changes). In time
     order: melody first, a melody onset cannot know the accompaniment still to come in its bar."""
-    from spemusic.checkpoint import load_model
-    from spemusic.metrics import note_grid, sounding
+    from spemusic.music.metrics import note_grid, sounding
+    from spemusic.nn.checkpoint import load_model
 
     _, shipped = load_model("pop-piano")
     tok = REMITokenizer(TokenizerConfig.from_dict({**shipped.config.to_dict(), "melody_first": False, "chord_every_bar": False}))
@@ -639,7 +639,7 @@ def test_drum_grid_puts_each_hit_on_its_sixteenth_or_triplet(tmp_path):
     from miditoolkit import Instrument, MidiFile, Note
 
     from spemusic.errors import ConfigError
-    from spemusic.metrics import note_grid
+    from spemusic.music.metrics import note_grid
 
     mf = MidiFile(ticks_per_beat=480)
     drums = Instrument(program=0, is_drum=True, name="drums")

@@ -16,8 +16,8 @@ import pytest
 import safetensors.torch
 import torch
 
-from spemusic.checkpoint import load_model
-from spemusic.tokenizer import TokenizerConfig
+from spemusic.nn.checkpoint import load_model
+from spemusic.tokens.tokenizer import TokenizerConfig
 
 POP_FILES = ["001.mid", "002.mid", "003.mid", "004.mid", "005.mid", "006.mid", "007.mid", "008.mid"]
 VALID_FILES = ["009.mid", "010.mid"]
@@ -38,7 +38,7 @@ def pop_subset(shared_data, tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def pop_cache(pop_subset, tmp_path_factory) -> Path:
-    from spemusic.data import prepare
+    from spemusic.training.data import prepare
 
     cache = tmp_path_factory.mktemp("cache") / "pop"
     prepare(pop_subset, cache, workers=1)
@@ -61,14 +61,14 @@ TINY = dict(preset="tiny", seq_len=128, batch_size=8, lr=3e-3, warmup=20, precis
 
 def _train_lib(data, run_dir, stop_after=None, events=None, **options) -> list[dict]:
     """A run through the library (TINY's options, as `_train` gives the CLI); its metrics.jsonl records."""
-    from spemusic.train import TrainConfig, train
+    from spemusic.training.train import TrainConfig, train
 
     train(TrainConfig(data=str(data), **{**TINY, **options}), run_dir, stop_after=stop_after, events=events)
     return _metrics(run_dir)
 
 
 def test_tiny_model_learns_real_music(pop_cache, tmp_path):
-    from spemusic.train import TrainEvents
+    from spemusic.training.train import TrainEvents
 
     class Recorder(TrainEvents):
         def __init__(self):
@@ -96,7 +96,7 @@ def test_tiny_model_learns_real_music(pop_cache, tmp_path):
 
 def test_resume_is_exact(run_cli, pop_cache, tmp_path, monkeypatch):
     from spemusic.errors import OptionError
-    from spemusic.train import train
+    from spemusic.training.train import train
 
     common = dict(steps=40, val_every=15, save_every=100, feature_redraw=7)
     _train_lib(pop_cache, tmp_path / "once", **common)
@@ -127,9 +127,9 @@ def test_resume_is_exact(run_cli, pop_cache, tmp_path, monkeypatch):
 
 def test_positional_parameters_are_not_decayed_and_a_legacy_run_resumes_with_its_rule(pop_cache, tmp_path,
                                                                                         monkeypatch):
-    import spemusic.train as train_module
-    from spemusic.model import ModelConfig, Performer
-    from spemusic.train import decay_groups, train
+    import spemusic.training.train as train_module
+    from spemusic.nn.model import ModelConfig, Performer
+    from spemusic.training.train import decay_groups, train
 
     model = Performer(ModelConfig(vocab_size=32, n_layers=2, d_model=32, n_heads=2, d_ff=64, pe="sinespe", gated=True,
                                   n_realizations=8, n_features=8))
@@ -293,7 +293,7 @@ def test_train_bad_options(run_cli, pop_cache, tmp_path):
 
 
 def test_fine_tune_starts_from_the_given_model(run_cli, pop_cache, tmp_path):
-    from spemusic.train import TrainConfig, train
+    from spemusic.training.train import TrainConfig, train
 
     base = _train_lib(pop_cache, tmp_path / "base", steps=60, val_every=60, log_every=10)
     train(TrainConfig(data=str(pop_cache), init_from=str(tmp_path / "base" / "best"), seq_len=256, batch_size=4,
@@ -319,7 +319,7 @@ def test_fine_tune_starts_from_the_given_model(run_cli, pop_cache, tmp_path):
 def test_fine_tune_adds_a_short_convolution(run_cli, pop_cache, tmp_path):
     """A model trained without the short convolution gets one at zero: same function at the start
     (the fine-tune's first loss is the base's), then it learns; a different size is refused."""
-    from spemusic.train import TrainConfig, train
+    from spemusic.training.train import TrainConfig, train
 
     _train_lib(pop_cache, tmp_path / "base", steps=40, val_every=40, short_conv=0)
     base_model, _ = load_model(tmp_path / "base" / "best")
@@ -340,8 +340,8 @@ def test_fine_tune_adds_a_short_convolution(run_cli, pop_cache, tmp_path):
 
 
 def test_auto_precision_measures_and_keeps_the_random_stream():
-    from spemusic.device import measure_precisions, pick_dtype
-    from spemusic.model import ModelConfig
+    from spemusic.nn.device import measure_precisions, pick_dtype
+    from spemusic.nn.model import ModelConfig
 
     cfg = ModelConfig.preset("tiny", vocab_size=60)
     torch.manual_seed(5)
@@ -357,9 +357,9 @@ def test_auto_precision_measures_and_keeps_the_random_stream():
 
 def test_library_errors_name_parameters_and_the_cli_spells_them_as_flags():
     from spemusic.cli import _flag
-    from spemusic.device import pick_device
     from spemusic.errors import OptionError
-    from spemusic.train import TrainConfig
+    from spemusic.nn.device import pick_device
+    from spemusic.training.train import TrainConfig
 
     with pytest.raises(OptionError) as e:
         TrainConfig(data="x", steps=1, seq_len=0).check()
@@ -390,7 +390,7 @@ def test_non_finite_weights_are_refused(tiny_checkpoint, tmp_path):
 def test_a_second_writer_of_a_run_folder_is_refused(run_cli, pop_cache, tmp_path):
     import os
 
-    from spemusic.train import lock_run_folder
+    from spemusic.training.train import lock_run_folder
 
     run = tmp_path / "run"
     code, _, err = run_cli("train", pop_cache, "-o", run, "--preset", "tiny", "--seq-len", 64, "--batch-size", 2,
@@ -447,8 +447,8 @@ def test_pitch_memory_and_bar_echo_fine_tune(run_cli, pop_subset, pop_cache, tmp
     """--pitch-memory over the parts and --bar-echo: added at zero to a model without them (the
     fine-tune's first loss is the base's), learned, kept in the checkpoint; the pitch memory is
     refused without parts."""
-    from spemusic.data import prepare
-    from spemusic.train import TrainConfig, train
+    from spemusic.training.data import prepare
+    from spemusic.training.train import TrainConfig, train
 
     cache = tmp_path / "parts"
     prepare(pop_subset, cache, workers=1, config=TokenizerConfig(parts=True))

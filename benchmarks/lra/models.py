@@ -6,11 +6,11 @@ masked mean pooling, a linear head) and differs only in its attention and positi
     softmax          exact softmax attention, learned absolute PE (the Transformer reference)
     favor            Performer (FAVOR+ positive random features), no PE
     favor-ape        Performer, learned absolute PE
-    favor-sinespe    Performer, SPE (spemusic.spe): sineSPE, ungated / gated
+    favor-sinespe    Performer, SPE (spemusic.nn.spe): sineSPE, ungated / gated
     favor-convspe    Performer, SPE: convSPE, ungated / gated
 
 Attention is bidirectional, as in LRA's encoders. With SPE the queries and keys go through the
-SPE filter first (q̂, k̂ of R features, spemusic.spe's public API), then through FAVOR+: that is
+SPE filter first (q̂, k̂ of R features, spemusic.nn.spe's public API), then through FAVOR+: that is
 the paper's construction. A fresh SPE draw per training step, a fixed one in evaluation.
 """
 
@@ -22,8 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from spemusic.attention import favor_key, favor_query, orthogonal_features
-from spemusic.spe import ConvSPE, SineSPE, SPEFilter
+from spemusic.nn.attention import favor_key, favor_query, orthogonal_features
+from spemusic.nn.spe import ConvSPE, SineSPE, SPEFilter
 
 MODELS = ("softmax", "favor", "favor-ape", "favor-sinespe", "favor-sinespe-gated", "favor-convspe",
           "favor-convspe-gated")

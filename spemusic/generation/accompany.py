@@ -18,11 +18,11 @@ from pathlib import Path
 import numpy as np
 import symusic
 
-from .errors import MidiError, OptionError
-from .files import check_input_file
-from .grammar import BAR, NOTE_END, POSITION, TIMESIG, GrammarState, REMIGrammar
+from ..errors import MidiError, OptionError
+from ..files import check_input_file
+from ..tokens.grammar import BAR, NOTE_END, POSITION, TIMESIG, GrammarState, REMIGrammar
+from ..tokens.tokenizer import CHORD, PROGRAM, TEMPO, REMITokenizer, part_of_track, read_midi
 from .prompts import annotated_meters
-from .tokenizer import CHORD, PROGRAM, TEMPO, REMITokenizer, part_of_track, read_midi
 
 
 @dataclass
@@ -220,7 +220,7 @@ class Melody:
     score: symusic.Score         # the user's file (its ticks, tempo map, meter, markers), the melody's track alone
     ids: np.ndarray              # its tokens as the melody part (BOS … EOS)
     bars: int
-    beat_map: object | None      # spemusic.beats.BeatMap when read on a beat annotation
+    beat_map: object | None      # spemusic.tokens.beats.BeatMap when read on a beat annotation
     track_name: str
 
 
@@ -275,7 +275,7 @@ def load_melody(path: Path, tokenizer: REMITokenizer, track: str | None = None, 
 def _beats_of_melody(path: Path, melody: symusic.Score):
     """A song's beat annotation up to where its melody ends (and one beat more): the song may go
     on past its melody, and accompany writes the melody's bars."""
-    from .beats import Beats, read_beats
+    from ..tokens.beats import Beats, read_beats
 
     check_input_file(path)
     beats = read_beats(path)

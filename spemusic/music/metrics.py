@@ -11,8 +11,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .grammar import REMIGrammar
-from .tokenizer import REMITokenizer
+from ..tokens.grammar import REMIGrammar
+from ..tokens.tokenizer import REMITokenizer
 
 
 @dataclass
@@ -220,7 +220,7 @@ def chord_match(g: NoteGrid, asked: list[str | None] | None = None, notes: np.nd
     content, bars counted). `asked`: one chord name per bar (default: the chord tokens' own,
     bar_chords); bars asked N or None, or without pitched notes, are not counted. `notes`: a
     mask of the notes that count (an accompaniment's alone, say)."""
-    from .chords import best_chord
+    from ..tokens.chords import best_chord
 
     asked = bar_chords(g) if asked is None else asked
     hits = counted = 0
@@ -365,7 +365,7 @@ def continuation_similarity(source_ids, continuation_ids, tok: REMITokenizer, pr
 
 def collection_summary(paths: list[Path], tok: REMITokenizer) -> tuple[dict, list[str]]:
     """Mean of each metric over MIDI files (NaNs skipped); returns (means, skipped reasons)."""
-    from .errors import MidiError
+    from ..errors import MidiError
 
     rows, skipped = [], []
     for p in paths:

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from .errors import OptionError
+from ..errors import OptionError
 
 if TYPE_CHECKING:
     from .model import ModelConfig

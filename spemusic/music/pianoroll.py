@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import symusic
 
-from .errors import OptionError, SpemusicError
+from ..errors import OptionError, SpemusicError
 
 FORMATS = (".png", ".svg", ".pdf")
 CONTINUATION_MARKER = "continuation"  # written by `continue` where the new bars begin
@@ -57,10 +57,10 @@ def bar_grid(score: symusic.Score) -> Bars:
 
 
 def annotated_grid(score: symusic.Score, beats) -> Bars:
-    """Bar lines and beats from a beat annotation (spemusic.beats.Beats, in seconds) on the file's
+    """Bar lines and beats from a beat annotation (spemusic.tokens.beats.Beats, in seconds) on the file's
     tempo map: a bar at each annotated downbeat, a pickup bar before the first if beats come
     before it, and the last bar as long as the one before it."""
-    from .beats import TempoMap
+    from ..tokens.beats import TempoMap
 
     tempo = TempoMap(score.ticks_per_quarter, [t.time for t in score.tempos], [t.qpm for t in score.tempos])
     ticks = tempo.ticks(beats.times)
@@ -138,7 +138,7 @@ def _draw_drums(ax, hits: list[tuple]) -> int:
 
 def render(score: symusic.Score, fmt: str = ".png", bars: tuple[int, int] | None = None,
            size: tuple[int, int] | None = None, title: str | None = None, beats=None) -> bytes:
-    """The piano roll of `score` as PNG, SVG or PDF bytes; `beats` (spemusic.beats.Beats): its
+    """The piano roll of `score` as PNG, SVG or PDF bytes; `beats` (spemusic.tokens.beats.Beats): its
     bars are the annotated ones, not the file's time signatures'."""
     plt = require_matplotlib()
 
@@ -260,8 +260,8 @@ def draw_file(src: Path, dest: Path, bars: tuple[int, int] | None = None, size: 
               overwrite: bool = True, beats: Path | None = None) -> None:
     """Read a MIDI file and write its piano roll (the format from dest's suffix), atomically; in
     the bars of a beat annotation file, if given."""
-    from .files import write_output
-    from .tokenizer import read_score
+    from ..files import write_output
+    from ..tokens.tokenizer import read_score
 
     fmt = dest.suffix.lower()
     if fmt not in FORMATS:
@@ -269,8 +269,8 @@ def draw_file(src: Path, dest: Path, bars: tuple[int, int] | None = None, size: 
     try:
         annotation = None
         if beats is not None:
-            from .beats import read_beats
-            from .files import check_input_file
+            from ..files import check_input_file
+            from ..tokens.beats import read_beats
 
             annotation = read_beats(check_input_file(beats))
         data = render(read_score(src), fmt, bars, size, title=src.name, beats=annotation)

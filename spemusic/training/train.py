@@ -23,16 +23,16 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from . import checkpoint, compiled
+from ..errors import OptionError, OptionWarning, SpemusicError
+from ..files import check_output_folder, write_atomically
+from ..memory import available_memory
+from ..nn import checkpoint, compiled
+from ..nn.device import pick_device, pick_dtype
+from ..nn.model import ModelConfig, Performer
+from ..options import PRESETS, TrainConfig, check_layout
+from ..tokens.tokenizer import PARTS, REMITokenizer, TokenizerConfig
+from ..words import count
 from .data import TokenCache, WindowSampler, fixed_windows, open_dataset, trained_vocabulary
-from .device import pick_device, pick_dtype
-from .errors import OptionError, OptionWarning, SpemusicError
-from .files import check_output_folder, write_atomically
-from .memory import available_memory
-from .model import ModelConfig, Performer
-from .options import PRESETS, TrainConfig, check_layout
-from .tokenizer import PARTS, REMITokenizer, TokenizerConfig
-from .words import count
 
 # ----------------------------------------------------------------------------- schedule
 
@@ -75,7 +75,7 @@ PART_ROWS_LIKE = {"Program_melody": "Program_0", "Program_bridge": "Program_0", 
 
 def widened(model: Performer, cfg: ModelConfig) -> Performer:
     """The same model under `cfg`, which may widen its short convolution (the farther taps at
-    zero) and add the stream features it lacks (spemusic.recall; their tables at zero): it
+    zero) and add the stream features it lacks (spemusic.nn.recall; their tables at zero): it
     computes the same function until training moves the new weights."""
     k0, k = model.cfg.short_conv, cfg.short_conv
     if k < k0:
@@ -115,7 +115,7 @@ def decay_groups(model: torch.nn.Module, legacy: bool = False) -> tuple[list, li
     that decay towards 0 should shrink: decayed, the gates of the shipped pop-piano stayed at
     sigmoid(0) = 0.5. `legacy`: the rule of runs before 2026-12-02, which decayed those too (so
     that such runs resume exactly as they were going)."""
-    from .spe import SPE, SPEFilter
+    from ..nn.spe import SPE, SPEFilter
 
     positional = {id(p) for m in model.modules() if isinstance(m, (SPE, SPEFilter)) for p in m.parameters()}
     decays = [p.dim() >= 2 and "embed" not in n and (legacy or id(p) not in positional)
@@ -124,7 +124,7 @@ def decay_groups(model: torch.nn.Module, legacy: bool = False) -> tuple[list, li
     return [p for p, d in zip(params, decays) if d], [p for p, d in zip(params, decays) if not d]
 
 
-# The stream features' tables (spemusic.recall) start at zero, usually in a model fine-tuned
+# The stream features' tables (spemusic.nn.recall) start at zero, usually in a model fine-tuned
 # gently: at the model's learning rate they would take thousands of steps to say anything (100
 # steps at 8e-5 left pop-piano's melody intervals as they were), so they learn faster
 # (TrainConfig.recall_lr_scale times the rate).

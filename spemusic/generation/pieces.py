@@ -4,7 +4,7 @@
     pieces = generate(model, tok, num=2, bars=8, seed=0)
     pieces.midis[0].dump("new.mid")
 
-    prompt = load_prompt(Path("song.mid"), tok, prompt_bars=4)   # spemusic.prompts
+    prompt = load_prompt(Path("song.mid"), tok, prompt_bars=4)   # spemusic.generation.prompts
     pieces = continue_prompt(model, tok, prompt, bars=8, seed=1)
     pieces.midis[0].dump("song-continued.mid")  # the prompt's own notes, then the new bars
 
@@ -19,11 +19,11 @@ import miditoolkit
 import numpy as np
 import torch
 
-from .model import Performer
-from .options import CHORD_STRENGTH
+from ..nn.model import Performer
+from ..options import CHORD_STRENGTH
+from ..tokens.tokenizer import REMITokenizer
 from .prompts import Prompt, count_bars, merge_continuation
 from .sampling import SampleResult, SamplingOptions, sample
-from .tokenizer import REMITokenizer
 
 __all__ = ["KeyMove", "Pieces", "accompany", "continue_prompt", "generate"]
 
@@ -91,8 +91,8 @@ def accompany(model: Performer, tokenizer: REMITokenizer, melody, *, num: int = 
     file's timeline. `Pieces.chart`: the chords played (None: the model's own)."""
     import io
 
+    from ..music.harmony import chart_melody
     from .accompany import hold_melody, with_accompaniment
-    from .harmony import chart_melody
 
     if "melody" in parts:
         raise ValueError("accompany writes the parts under the melody, not the melody")
@@ -128,7 +128,7 @@ def _model_options(model: Performer, options: SamplingOptions | None) -> Samplin
 
 def _pieces(model, tokenizer, prompt: Prompt | None, only_continuation: bool, *, key, overlaps, **sampling) -> Pieces:
     if sampling.get("parts") is not None and not tokenizer.config.parts:
-        from .errors import OptionError
+        from ..errors import OptionError
 
         raise OptionError("{parts}: this model has no parts (melody, bridge, piano)")
     sampling["options"] = _model_options(model, sampling.get("options"))
@@ -162,7 +162,7 @@ def _write_tempo_exactly(midi: miditoolkit.MidiFile, bpm: float) -> None:
 
 def _move_to_key(result: SampleResult, tokenizer: REMITokenizer, key: tuple[int, str]) -> list[KeyMove]:
     """Each piece transposed from the key it was found in to `key` (result.ids replaced)."""
-    from .keys import estimate_key, shift_to, transpose_ids
+    from ..music.keys import estimate_key, shift_to, transpose_ids
 
     moves, moved = [], []
     for ids in result.ids:

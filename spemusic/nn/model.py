@@ -28,7 +28,8 @@ import torch.nn.functional as F
 import torch.utils.checkpoint
 from torch import nn
 
-from spemusic.attention import (
+from spemusic.errors import SpemusicError
+from spemusic.nn.attention import (
     KVCache,
     favor_attention,
     favor_attention_training,
@@ -38,9 +39,12 @@ from spemusic.attention import (
     orthogonal_features,
     recurrent_linear_attention,
 )
-from spemusic.compiled import compiled
-from spemusic.errors import SpemusicError
-from spemusic.fused import gelu_linear, norm_linear
+from spemusic.nn.compiled import compiled
+from spemusic.nn.fused import gelu_linear, norm_linear
+from spemusic.nn.positional import AbsolutePE, build_absolute_pe
+from spemusic.nn.recall import bar_echo as echo_ids, pitch_memory as memory_rows
+from spemusic.nn.recurrent import LayerPlan, State, build_plan
+from spemusic.nn.spe import ConvSPE, SineSPE, SPECodes, SPEFilter, mix_seed
 from spemusic.options import (  # noqa: F401  (re-exported: the configs' choices)
     ABSOLUTE_PE_OPTIONS,
     ATTENTION_OPTIONS,
@@ -50,10 +54,6 @@ from spemusic.options import (  # noqa: F401  (re-exported: the configs' choices
     PRESETS,
     SPE_OPTIONS,
 )
-from spemusic.positional import AbsolutePE, build_absolute_pe
-from spemusic.recall import bar_echo as echo_ids, pitch_memory as memory_rows
-from spemusic.recurrent import LayerPlan, State, build_plan
-from spemusic.spe import ConvSPE, SineSPE, SPECodes, SPEFilter, mix_seed
 
 __all__ = ["ModelConfig", "Performer", "State"]
 
@@ -93,7 +93,7 @@ class ModelConfig:
     # back sharply at the last few tokens (which pitch came just before, which note field is
     # next); a short convolution can, at O(1) per generated token (Zoology, Based, H3, Mamba).
     short_conv: int = 0
-    # what the model is told about its own stream (spemusic.recall); empty: none, as in models
+    # what the model is told about its own stream (spemusic.nn.recall); empty: none, as in models
     # trained before them. Pitch memory: the Program ids whose last pitch every token sees, and
     # `pitch_range` the Pitch ids [lo, hi). Bar echo: [Bar id, first Position id, last + 1], and
     # `echo_bars` the bars it reads back (what most of them had at each place).
@@ -435,11 +435,11 @@ class Performer(nn.Module):
         # unknown): the sampler keeps to it
         self.trained_tokens = None
         # the name it was released under (set by load_model; None: not a release): the sampling
-        # defaults spemusic.pieces and the commands give it (SamplingOptions.for_model)
+        # defaults spemusic.generation.pieces and the commands give it (SamplingOptions.for_model)
         self.release_name = None
         self.sampling_defaults = None  # the sampling defaults its checkpoint records (None: none)
         # the harmonizer's file beside the weights (set by load_model; None: none): accompany charts a
-        # melody's chords with it (spemusic.harmony.chart_melody)
+        # melody's chords with it (spemusic.music.harmony.chart_melody)
         self.harmony_file = None
         # training only: recompute each block's activations in the backward pass instead of
         # keeping them (less memory for long sequences, about one more forward of compute)
@@ -484,7 +484,7 @@ class Performer(nn.Module):
 
     @property
     def recalls(self) -> bool:
-        """Whether the model reads features off its own stream (spemusic.recall), carried in State.recall."""
+        """Whether the model reads features off its own stream (spemusic.nn.recall), carried in State.recall."""
         return self.pitch_memory is not None or self.bar_echo is not None
 
     def embed(self, ids: torch.Tensor, start: int, carry: dict | None = None) -> tuple[torch.Tensor, dict | None]:
@@ -513,7 +513,7 @@ class Performer(nn.Module):
 
     def _read_out(self, x: torch.Tensor, want_hidden: bool):
         """The logits of `head`, or (logits, the final-normed state (…, d) fp32 they are read
-        from: what a continuous cache matches, spemusic.cache), the norm taken once."""
+        from: what a continuous cache matches, spemusic.generation.cache), the norm taken once."""
         if not want_hidden:
             return self.head(x)
         h = self.ln_f(x)
@@ -522,7 +522,7 @@ class Performer(nn.Module):
     @torch.no_grad()
     def logits_and_hidden(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(B, T) token ids -> next-token logits (B, T, V) and final-normed states (B, T, d): what
-        teacher-forced scoring with a continuous cache needs (spemusic.cache.mixture_nll)."""
+        teacher-forced scoring with a continuous cache needs (spemusic.generation.cache.mixture_nll)."""
         return self._parallel(ids, want_state=False, want_hidden=True)
 
     def _check_ids(self, ids: torch.Tensor, ndim: int, check_range: bool = True):

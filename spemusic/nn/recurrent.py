@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from spemusic.attention import KVCache
+from spemusic.nn.attention import KVCache
 
 __all__ = ["LayerPlan", "State", "StepPlan", "build_plan"]
 
@@ -75,7 +75,7 @@ class State:
     pe: list = field(default_factory=list)
     plan: StepPlan = field(default=None, repr=False)  # set by Performer.prime / init_state
     histories: list = field(default_factory=list)  # per layer, its last K inputs (B, K, d) newest first (short_conv)
-    recall: dict | None = None  # what spemusic.recall carries from token to token ("pitch", "echo": tensors), or None
+    recall: dict | None = None  # what spemusic.nn.recall carries from token to token ("pitch", "echo": tensors), or None
 
     def clone(self) -> State:
         return State(

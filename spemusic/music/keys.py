@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .errors import OptionError, SpemusicError
-from .tokenizer import REMITokenizer
+from ..errors import OptionError, SpemusicError
+from ..tokens.tokenizer import REMITokenizer
 
 NAMES = ("C", "C#", "D", "Eb", "E", "F", "F#", "G", "Ab", "A", "Bb", "B")
 _SPELLINGS = {**{n.lower(): i for i, n in enumerate(NAMES)},

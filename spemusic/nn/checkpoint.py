@@ -24,12 +24,12 @@ import safetensors
 import safetensors.torch
 import torch
 
+from ..errors import SpemusicError
+from ..memory import available_memory
+from ..options import recorded_sampling
+from ..tokens.tokenizer import REMITokenizer, TokenizerConfig
 from .device import require_available
-from .errors import SpemusicError
-from .memory import available_memory
 from .model import ModelConfig, Performer
-from .options import recorded_sampling
-from .tokenizer import REMITokenizer, TokenizerConfig
 
 FORMAT = "spemusic"
 FORMAT_VERSION = "1"
@@ -47,7 +47,7 @@ def shipped_checkpoint_dirs() -> list[Path]:
     dirs = []
     if os.environ.get("SPEMUSIC_CHECKPOINTS"):
         dirs.append(Path(os.environ["SPEMUSIC_CHECKPOINTS"]))
-    dirs.append(Path(__file__).resolve().parent.parent / "checkpoints")
+    dirs.append(Path(__file__).resolve().parents[2] / "checkpoints")  # spemusic/nn/checkpoint.py
     dirs.append(Path(sys.prefix) / "share" / "spemusic" / "checkpoints")
     return [d for d in dirs if d.is_dir()]
 
@@ -167,7 +167,7 @@ def validated_configs(weights: Path, meta: dict) -> tuple[ModelConfig, REMIToken
     return model_cfg, tokenizer
 
 
-HARMONY_FILE = "harmony.json"  # a model's harmonizer, beside its weights (spemusic.harmony)
+HARMONY_FILE = "harmony.json"  # a model's harmonizer, beside its weights (spemusic.music.harmony)
 
 
 def load_model(name_or_path: str | Path = "pop-piano", device: str | torch.device = "cpu",

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import MidiError, SpemusicError
+from ..errors import MidiError, SpemusicError
 
 SAMPLE_RATE = 44100
 # suffix -> libsndfile format (soundfile writes all four)
@@ -128,7 +128,7 @@ def _check_memory(seconds_score, sample_rate: int) -> None:
     """Refuse, before the work, a segment that could not be held: one with a note of hours."""
     longest = max((float(n.duration) for t in seconds_score.tracks for n in t.notes), default=0.0)
     need = (SEGMENT_SECONDS + longest + 10) * sample_rate * 2 * 4 * 3  # float32 stereo, the synth's own copies
-    from .memory import available_memory
+    from ..memory import available_memory
 
     free = available_memory()
     if free is not None and need > free:
@@ -222,8 +222,8 @@ def render_file(src: Path, dest: Path, soundfont: Path, sample_rate: int = SAMPL
     """Read a MIDI file and write its audio (the format from dest's suffix), atomically; returns
     the audio's length in seconds. Two passes, in segments: the first finds the peak, the second
     writes the normalised audio, so that neither the audio nor the encoded file is held whole."""
-    from .files import write_output
-    from .tokenizer import read_score
+    from ..files import write_output
+    from ..tokens.tokenizer import read_score
 
     check_audio_format(dest, sample_rate)
     try:

@@ -20,10 +20,10 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import MidiError, OptionError, SpemusicError
-from .files import check_output_folder, write_atomically
-from .options import LEAD_SHEET_BARS
-from .tokenizer import BAR, DURATION, EOS, PAD, PITCH, POSITION, PROGRAM, TEMPO, VELOCITY, REMITokenizer, TokenizerConfig
+from ..errors import MidiError, OptionError, SpemusicError
+from ..files import check_output_folder, write_atomically
+from ..options import LEAD_SHEET_BARS
+from ..tokens.tokenizer import BAR, DURATION, EOS, PAD, PITCH, POSITION, PROGRAM, TEMPO, VELOCITY, REMITokenizer, TokenizerConfig
 
 SPLITS = ("train", "valid", "test")
 MIDI_SUFFIXES = {".mid", ".midi"}
@@ -409,7 +409,7 @@ class WindowSampler:
         pitches = window[pitched] - self.pitch_lo
         lo = max(-self.max_transpose, -int(pitches.min()))
         hi = min(self.max_transpose, 127 - int(pitches.max()))
-        from .keys import transpose_ids
+        from ..music.keys import transpose_ids
 
         return transpose_ids(window, self.tokenizer, int(rng.integers(lo, hi + 1)))
 

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from spemusic.compiled import compiled
+from spemusic.nn.compiled import compiled
 
 __all__ = ["GeluLinear", "NormLinear", "SineFilter", "gelu_linear", "norm_linear", "sine_filter"]
 

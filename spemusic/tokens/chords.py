@@ -15,8 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ..errors import OptionError, SpemusicError
 from .beats import AnnotationError, read_annotation
-from .errors import OptionError, SpemusicError
 
 __all__ = ["QUALITIES", "ROOTS", "CHORD_NAMES", "ChordChange", "parse_chord", "read_chords", "parse_chords",
            "chord_templates", "best_chord"]
@@ -127,7 +127,7 @@ def parse_chords(spec: str) -> list[str]:
     p = Path(spec)
     text = spec
     if "\n" not in spec and (p.exists() or p.is_symlink() or "/" in spec or p.suffix) and not _all_chords(spec):
-        from .files import check_input_file
+        from ..files import check_input_file
 
         check_input_file(p, missing="no such chord file")  # a folder, a FIFO or a device named as such
         if p.stat().st_size > 1_000_000:

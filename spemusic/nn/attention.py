@@ -36,7 +36,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from spemusic.compiled import compiled
+from spemusic.nn.compiled import compiled
 
 __all__ = [
     "orthogonal_features",
@@ -254,7 +254,7 @@ class _FavorAttention(torch.autograd.Function):
     products and the chunks' prefix states are recomputed (two batched products per layer).
     Autograd's own backward kept those and more, at the same speed (docs/measurements.md, "Figures
     behind the code"; benchmarks/step_memory.py --saved, train_throughput.py). Each pass is one compiled
-    region (spemusic.compiled) where inductor is available, and runs with autocast off (the
+    region (spemusic.nn.compiled) where inductor is available, and runs with autocast off (the
     trainer's backward pass runs under it): the products' dtype is mm_dtype, everything else fp32."""
 
     @staticmethod

@@ -1,6 +1,6 @@
 """Stochastic Positional Encoding in JAX/Flax (``pip install 'spemusic[jax]'``).
 
-The same three pieces as :mod:`spemusic.spe`, with the same parameters and the same formulas:
+The same three pieces as :mod:`spemusic.nn.spe`, with the same parameters and the same formulas:
 
 * ``SineSPE``: sinusoidal codes, closed-form in the position;
 * ``ConvSPE``: causal convolutional codes over white noise (the noise at each position derives
@@ -50,7 +50,7 @@ class SineCode:
 
 
 class SineSPE(nn.Module):
-    """P_d(τ) = Σ_k λ_k² cos(2π f_k τ + θ_k), with f = sigmoid(freqs) / 2 (see spemusic.spe)."""
+    """P_d(τ) = Σ_k λ_k² cos(2π f_k τ + θ_k), with f = sigmoid(freqs) / 2 (see spemusic.nn.spe)."""
 
     n_heads: int
     d_head: int
@@ -111,7 +111,7 @@ class ConvCode:
 
 
 class ConvSPE(nn.Module):
-    """Q̄ = Z ∗ φ_Q, K̄ = Z ∗ φ_K, causal filters of `kernel_size` taps (see spemusic.spe)."""
+    """Q̄ = Z ∗ φ_Q, K̄ = Z ∗ φ_K, causal filters of `kernel_size` taps (see spemusic.nn.spe)."""
 
     n_heads: int
     d_head: int
@@ -208,5 +208,5 @@ class SPEFilter(nn.Module):
 
 
 def params_from_torch(module) -> dict:
-    """The Flax variables ({"params": …}) of a spemusic.spe SineSPE, ConvSPE or SPEFilter."""
+    """The Flax variables ({"params": …}) of a spemusic.nn.spe SineSPE, ConvSPE or SPEFilter."""
     return {"params": {name: jnp.asarray(p.detach().cpu().numpy()) for name, p in module.named_parameters()}}

@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from spemusic.fused import sine_filter
+from spemusic.nn.fused import sine_filter
 
 __all__ = ["SPE", "SineSPE", "ConvSPE", "SPECodes", "SPEFilter", "SineCode", "ConvCode", "mix_seed"]
 

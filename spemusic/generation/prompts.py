@@ -1,5 +1,5 @@
 """Prompts and MIDI output: reading a MIDI prompt into tokens, merging a continuation back into the
-prompt's own MIDI, output paths, and bar counts (spemusic.pieces generates and continues)."""
+prompt's own MIDI, output paths, and bar counts (spemusic.generation.pieces generates and continues)."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ from pathlib import Path
 import miditoolkit
 import numpy as np
 
-from .errors import MidiError, OptionError, SpemusicError
-from .files import check_input_file, check_output_file, check_output_folder, names_new_folder
-from .grammar import REMIGrammar
-from .tokenizer import REMITokenizer, part_of_track, read_midi
-from .words import count
+from ..errors import MidiError, OptionError, SpemusicError
+from ..files import check_input_file, check_output_file, check_output_folder, names_new_folder
+from ..tokens.grammar import REMIGrammar
+from ..tokens.tokenizer import REMITokenizer, part_of_track, read_midi
+from ..words import count
 
 
 def output_paths(out: str | Path, num: int, overwrite: bool) -> list[Path]:
@@ -341,7 +341,7 @@ def merge_continuation(prompt: Prompt, ids: np.ndarray, tokenizer: REMITokenizer
         if m.time >= start_dec:
             out.markers.append(miditoolkit.Marker(m.text, conv(m.time)))
     if not only_continuation:  # where the new bars begin, for score editors, DAWs and `spemusic show`
-        from .pianoroll import CONTINUATION_MARKER
+        from ..music.pianoroll import CONTINUATION_MARKER
 
         out.markers.append(miditoolkit.Marker(CONTINUATION_MARKER, cut))
     out.markers.sort(key=lambda m: m.time)

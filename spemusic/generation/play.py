@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .errors import OptionError, SpemusicError
-from .tokenizer import REMITokenizer
+from ..errors import OptionError, SpemusicError
+from ..tokens.tokenizer import REMITokenizer
 
 DRUM_CHANNEL = 9
 AUDIO_GAIN = 0.6  # a live stream cannot be normalised afterwards: a fixed gain, then a soft limiter
@@ -155,7 +155,7 @@ class Player:
     def _mix_audio(self, bar: TimedBar, start: float) -> None:
         if not bar.score.note_num():
             return
-        from .audio import hold_sustained_notes
+        from ..music.audio import hold_sustained_notes
 
         self.rendered += 1
         if self.rendered % SYNTH_RENEWAL == 0:  # prestosynth caches every voice it renders: start afresh
@@ -324,7 +324,7 @@ def play(model, tokenizer: REMITokenizer, player: Player, *, prompt=None, option
     """Sample bars without end (or `bars` of them) and play them on `player`, paced to real time.
     `should_stop()` (Ctrl-C) ends the music at the end of the bar playing. `on_bar(report)` is
     called after each bar is sampled."""
-    from .grammar import GrammarState, REMIGrammar
+    from ..tokens.grammar import GrammarState, REMIGrammar
     from .sampling import stream_bars
 
     st, grammar = GrammarState(), REMIGrammar(tokenizer)  # the meter and tempo in force after the prompt

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import MidiError
+from ..errors import MidiError
 
 __all__ = ["Beats", "AnnotationError", "read_beats", "parse_beats", "TempoMap", "BeatMap"]
 

@@ -13,13 +13,13 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ..errors import MidiError, OptionError
+from ..nn.device import cpu_has_fast_bf16
+from ..nn.model import Performer
+from ..options import model_sampling
+from ..tokens.grammar import BAR, CHORD, NOTE_END, POSITION, PROGRAM, TIMESIG, GrammarState, REMIGrammar
+from ..tokens.tokenizer import TEMPO, REMITokenizer
 from .cache import CacheOptions, ContinuousCache
-from .device import cpu_has_fast_bf16
-from .errors import MidiError, OptionError
-from .grammar import BAR, CHORD, NOTE_END, POSITION, PROGRAM, TIMESIG, GrammarState, REMIGrammar
-from .model import Performer
-from .options import model_sampling
-from .tokenizer import TEMPO, REMITokenizer
 
 
 @dataclass
@@ -34,7 +34,7 @@ class SamplingOptions:
                                # beat (discourage_holes); 0: off
     stacking: float = 1.0   # once an onset holds two notes, the odds of one more there are multiplied by this
                             # (temper_stacking); 1: off
-    repeat: float = 0.0     # the continuous cache's largest share (spemusic.cache): the piece copies its
+    repeat: float = 0.0     # the continuous cache's largest share (spemusic.generation.cache): the piece copies its
                             # earlier bars where it is somewhere it has been before; 0: off
 
     def check(self) -> None:
@@ -199,7 +199,7 @@ def banned_parts(tokenizer: REMITokenizer, parts: tuple[str, ...] | None) -> np.
     """(V,) bool: the Program tokens of the parts not in `parts` (None: every part may play)."""
     if parts is None:
         return None
-    from .tokenizer import PARTS, parse_parts
+    from ..tokens.tokenizer import PARTS, parse_parts
 
     keep = parse_parts(",".join(parts))
     banned = np.zeros(len(tokenizer), dtype=bool)
@@ -242,7 +242,7 @@ def opening_tokens(tokenizer: REMITokenizer, meter: str | None = None,
 
 def chord_tones(tokenizer: REMITokenizer, names: list[str]) -> torch.Tensor:
     """(len(names), V): 1 on the Pitch tokens whose pitch class is a tone of each chord."""
-    from .chords import QUALITIES, ROOTS
+    from ..tokens.chords import QUALITIES, ROOTS
 
     lo, hi = tokenizer.range("Pitch")
     pitch_class = np.array([int(tokenizer.vocab[i].split("_")[1]) % 12 for i in range(lo, hi)])
@@ -569,14 +569,14 @@ def sample(model: Performer, tokenizer: REMITokenizer, *, num: int = 1, length: 
     is called after every sampling step; `should_stop()` returning True (or Ctrl-C) stops early and
     returns the valid part generated so far. `weights_dtype`: the recurrent step's linear weights;
     None picks `auto_step_dtype`. `chords`: a progression of chord names (``"A:min"``, see
-    spemusic.chords), one per new bar, repeating: every bar opens on ``Position_0 Chord_X`` and
+    spemusic.tokens.chords), one per new bar, repeating: every bar opens on ``Position_0 Chord_X`` and
     holds no other chord change (the model writes the notes); `chord_strength` adds that many nats
     to the logits of the bar's chord tones wherever a pitch is sampled. `meter` ("3/4") and `tempo` (BPM):
     the time signature of a piece from scratch (held for the whole piece) and its opening tempo
     (the model may change it later);
     without them, the piece opens on the model's most likely meter. With `options.repeat`, a
     continuous cache of the piece's own hidden states (the prompt's first) is mixed into the
-    model's distribution (spemusic.cache). `parts` (models with parts): the parts the pieces may
+    model's distribution (spemusic.generation.cache). `parts` (models with parts): the parts the pieces may
     play ("melody", "bridge", "piano"), the others never written. `held` (accompany.hold_melody): a
     melody the pieces keep as written, token by token, while the model writes the other parts."""
     options = options or SamplingOptions()

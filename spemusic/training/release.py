@@ -1,7 +1,7 @@
 """Turn a training checkpoint into a shipped model: fp16 weights (FAVOR+ features kept in fp32)
 and a model card whose figures come from `spemusic eval` on the same file.
 
-    python -m spemusic.release runs/pop/best checkpoints/pop-piano --name pop-piano \\
+    python -m spemusic.training.release runs/pop/best checkpoints/pop-piano --name pop-piano \\
         --data ../shared/data/pop909 --credit "POP909 (MIT)" --command "spemusic train …"
 """
 
@@ -14,16 +14,16 @@ from pathlib import Path
 
 import torch
 
-from .checkpoint import WEIGHTS, load_model, write_weights
-from .options import SAMPLING_DEFAULTS, model_sampling
+from ..nn.checkpoint import WEIGHTS, load_model, write_weights
+from ..options import SAMPLING_DEFAULTS, model_sampling
 
 
 def export(src: Path, dest: Path, name: str, data: Path, credit: str, command: str, eval_len: int | None = None,
            beats: Path | None = None, chords: Path | None = None, sampling: dict | None = None) -> dict:
     """`sampling`: the sampling defaults the checkpoint records, beyond those of its name
-    (spemusic.options.model_sampling); generate, continue and spemusic.pieces sample it with them."""
+    (spemusic.options.model_sampling); generate, continue and spemusic.generation.pieces sample it with them."""
+    from ..generation.sampling import SamplingOptions
     from .evaluate import evaluate_nll
-    from .sampling import SamplingOptions
 
     model, tok, info = load_model(src, return_info=True)
     defaults = model_sampling(name, **(sampling or {}))
@@ -88,7 +88,7 @@ Reproduce the model:
 
 ```bash
 {command}
-python -m spemusic.release RUN_DIR/best checkpoints/{name} --name {name} --data {data} --credit "{credit}"{annotations}{sampling_flag}
+python -m spemusic.training.release RUN_DIR/best checkpoints/{name} --name {name} --data {data} --credit "{credit}"{annotations}{sampling_flag}
 ```
 """  # noqa: E501 - a row of the card's table is one line
     (dest / "README.md").write_text(card)

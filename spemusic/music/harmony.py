@@ -34,14 +34,13 @@ The tables are counts over a token cache's train split (bars with their melody n
 chord that covers most of each; transitions smoothed by 0.1 so that a rare progression stays
 possible). The training songs' keys are unknown: they start as the Krumhansl-Kessler key of the
 melody, and are then re-estimated twice as the key in which the song's own chords and melody are
-most likely under the tables (hard EM). `python -m spemusic.harmony CACHE OUT.json` writes them;
+most likely under the tables (hard EM). `python -m spemusic.training.fit_harmony CACHE OUT.json` writes them;
 the emission weight (nats of the melody against the progression's), the backoff and the key-change
 rate were chosen by cross-validation on the train split.
 """
 
 from __future__ import annotations
 
-import argparse
 import functools
 import json
 from dataclasses import dataclass
@@ -49,8 +48,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .chords import CHORD_NAMES, NO_CHORD, QUALITIES
-from .errors import SpemusicError
+from ..errors import SpemusicError
+from ..tokens.chords import CHORD_NAMES, NO_CHORD, QUALITIES
 
 Q = tuple(QUALITIES)        # qualities, in vocabulary order
 N_STATES = len(CHORD_NAMES)  # 12 roots x qualities, then N
@@ -257,7 +256,7 @@ class Harmonizer:
             raise SpemusicError("not a spemusic harmony file")
         if d.get("version") != VERSION:
             raise SpemusicError(f"a version-{d.get('version', 1)} harmony file; this spemusic reads version "
-                                f"{VERSION} (refit it: python -m spemusic.harmony CACHE OUT.json)")
+                                f"{VERSION} (refit it: python -m spemusic.training.fit_harmony CACHE OUT.json)")
         if d.get("qualities") != list(Q) or d.get("positions") != list(POSITIONS):
             raise SpemusicError("a harmony file for other chord qualities or melody positions")
         try:
@@ -327,25 +326,3 @@ def _scores(harmonizer: Harmonizer, pieces: list[BarData]) -> tuple[float, float
                 triad += _triad(got) == _triad(chord)
     return exact / max(total, 1), triad / max(total, 1)
 
-
-def main() -> None:
-    ap = argparse.ArgumentParser(description="Fit the harmony tables on a token cache (parts and chords).")
-    ap.add_argument("cache", type=Path)
-    ap.add_argument("out", type=Path)
-    args = ap.parse_args()
-    from .data import TokenCache
-
-    cache = TokenCache.load(args.cache)
-    tok = cache.tokenizer
-    if not (tok.config.parts and tok.config.chords):
-        raise SystemExit(f"{args.cache}: a cache with parts and chords is needed")
-    train = [bars_of(s, tok) for s in cache.sequences("train")]
-    valid = [bars_of(s, tok) for s in cache.sequences("valid")]
-    h = Harmonizer.fit(train)
-    exact, triad = _scores(h, valid)
-    h.save(args.out)
-    print(f"wrote {args.out}: valid bar accuracy {exact:.3f} exact, {triad:.3f} triad-level (root and third)")
-
-
-if __name__ == "__main__":
-    main()

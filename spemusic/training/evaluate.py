@@ -10,11 +10,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .cache import CacheOptions, mixture_nll
+from ..errors import OptionError, SpemusicError
+from ..generation.cache import CacheOptions, mixture_nll
+from ..nn.model import Performer
+from ..tokens.tokenizer import DURATION, PITCH, PROGRAM, VELOCITY, REMITokenizer
 from .data import open_dataset
-from .errors import OptionError, SpemusicError
-from .model import Performer
-from .tokenizer import DURATION, PITCH, PROGRAM, VELOCITY, REMITokenizer
 
 
 @dataclass
@@ -63,7 +63,7 @@ def position_nll(model: Performer, sequences: list[np.ndarray], pad_id: int, max
                  per_piece: list | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Sum of NLL and count of scored tokens at every target position 1..max_len (index 0 is the
     first predicted token), over sequences taken from the start of each piece. `cache` (options,
-    their token groups): the NLL of the model mixed with a continuous cache (spemusic.cache).
+    their token groups): the NLL of the model mixed with a continuous cache (spemusic.generation.cache).
     `per_piece`: a list that gets (the piece's target ids, their NLL) for every piece."""
     model.eval()
     model.resample(seed)
@@ -105,7 +105,7 @@ def evaluate_nll(model: Performer, tokenizer: REMITokenizer, data: Path, split: 
                  max_pieces: int | None = None, progress=None, beats_dir: Path | None = None,
                  chords_dir: Path | None = None, cache: CacheOptions | None = None) -> NLLReport:
     """NLL by position of `model` on a split of `data`; with `cache`, of the model mixed with a
-    continuous cache of each piece's own hidden states (spemusic.cache)."""
+    continuous cache of each piece's own hidden states (spemusic.generation.cache)."""
     if max_len < 1 or bucket < 1:
         raise OptionError("{max_len} and {bucket} must be positive")
     if model.cfg.length_limited and max_len > model.cfg.max_len:
@@ -202,7 +202,7 @@ def plot_reports(reports: list[NLLReport], path: Path) -> None:
     fig.tight_layout()
     import io
 
-    from .files import write_atomically
+    from ..files import write_atomically
 
     buf = io.BytesIO()
     fig.savefig(buf, format=plot_format(path), dpi=120)

@@ -103,11 +103,11 @@ instead, so durations survive exactly and re-encoding merges the layers again.
 Chord tokens are written as MIDI markers (``A:min``; ``N.C.`` for none), which
 encoding with a chord vocabulary reads back.
 
-Beat annotations (``encode(midi, beats=...)``, see :mod:`spemusic.beats`)
+Beat annotations (``encode(midi, beats=...)``, see :mod:`spemusic.tokens.beats`)
 replace the file's meter and grid: bars start at the annotated downbeats (a
 bar of n beats is ``TimeSig_n/4``), onsets are placed between the annotated
 beats, and each beat's tempo is its length in seconds. Chord annotations
-(``chords=...``, see :mod:`spemusic.chords`) add ``Chord`` tokens after the
+(``chords=...``, see :mod:`spemusic.tokens.chords`) add ``Chord`` tokens after the
 ``Position`` of each change (a Position may then hold only its Chord).
 It ignores tokens that do not fit the grammar instead of failing.
 The round trip is idempotent: ``encode(decode(encode(f))) == encode(f)``.
@@ -130,10 +130,10 @@ from typing import Any
 import numpy as np
 import symusic
 
-from spemusic.beats import BeatMap, Beats, TempoMap, read_beats
-from spemusic.chords import CHORD_NAMES, read_chords
 from spemusic.errors import ConfigError, MidiError
 from spemusic.files import check_input_file, write_atomically
+from spemusic.tokens.beats import BeatMap, Beats, TempoMap, read_beats
+from spemusic.tokens.chords import CHORD_NAMES, read_chords
 
 __all__ = ["TokenizerConfig", "REMITokenizer", "TokenError", "default_time_signatures"]
 
@@ -147,7 +147,7 @@ CHORD_MARKS = {**{n: n for n in CHORD_NAMES[:-1]}, NO_CHORD_MARK: CHORD_NAMES[-1
 CHORD_SET = frozenset(CHORD_MARKS)
 
 # Token kinds: REMITokenizer.kinds[id] is the kind of each id; the decoder and the grammar
-# (spemusic.grammar) read them from there, so the vocabulary is defined once, in __init__
+# (spemusic.tokens.grammar) read them from there, so the vocabulary is defined once, in __init__
 PAD, BOS, EOS, BAR, TIMESIG, POSITION, TEMPO, PROGRAM, PITCH, VELOCITY, DURATION, CHORD = range(12)
 # the kinds that span a range of ids (REMITokenizer.range), in vocabulary order
 KINDS = {"TimeSig": TIMESIG, "Position": POSITION, "Tempo": TEMPO, "Program": PROGRAM, "Pitch": PITCH,
@@ -885,9 +885,9 @@ class REMITokenizer:
     def encode(self, midi, beats=None, chords=None) -> np.ndarray:
         """Token ids (int32) of a MIDI file: path, bytes, miditoolkit.MidiFile or symusic.Score.
 
-        beats: a beat annotation (path or :class:`~spemusic.beats.Beats`): bars then start at its
+        beats: a beat annotation (path or :class:`~spemusic.tokens.beats.Beats`): bars then start at its
         downbeats and onsets are placed between its beats. chords: a chord annotation (path or
-        list of :class:`~spemusic.chords.ChordChange`), written as Chord tokens (needs a config
+        list of :class:`~spemusic.tokens.chords.ChordChange`), written as Chord tokens (needs a config
         with ``chords=True``)."""
         return self.encode_with_stats(midi, beats, chords)[0]
 
