@@ -165,10 +165,10 @@ def test_real_data_prepare_splits_and_windows(shared_data, tmp_path):
     # a tenth start at a piece's beginning (generation from scratch starts there), plus the
     # piece starts among the uniformly drawn bar starts
     firsts = sampler.sample(np.random.default_rng(1), 4000)[:, 0]
-    for sampler in (sampler, WindowSampler(cache, "train", 256, piece_starts=0.5)):  # (train --piece-starts)
-        firsts = sampler.sample(np.random.default_rng(1), 4000)[:, 0]
-        share = sampler.piece_starts
-        expected = share + (1 - share) * len(sampler.sequences) / len(sampler.starts)
+    for windows in (sampler, WindowSampler(cache, "train", 256, piece_starts=0.5)):  # (train --piece-starts)
+        firsts = windows.sample(np.random.default_rng(1), 4000)[:, 0]
+        share = windows.piece_starts
+        expected = share + (1 - share) * len(windows.sequences) / len(windows.starts)
         assert abs(np.mean(firsts == tok.bos_id) - expected) < 0.02
     valid = fixed_windows(cache, "valid", 256, max_windows=8)
     assert np.array_equal(valid, fixed_windows(TokenCache.load(tmp_path / "groove"), "valid", 256, max_windows=8))
