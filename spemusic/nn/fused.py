@@ -56,7 +56,7 @@ def norm_linear(x: torch.Tensor, norm: nn.LayerNorm, weight: torch.Tensor, bias:
 
 class GeluLinear(torch.autograd.Function):
     """linear(gelu(u), weight, bias) keeping only u for the backward pass: gelu(u) is recomputed
-    there (elementwise, ~2% of a step) instead of being held, d_ff wide, for every layer."""
+    there (elementwise, a small share of a step) instead of being held, d_ff wide, for every layer."""
 
     @staticmethod
     def forward(ctx, u, weight, bias):

@@ -357,7 +357,7 @@ class WindowSampler:
     range). A share `piece_starts` of windows start at a piece's beginning (BOS, first bar and
     its time signature), the rest uniformly over all bar starts of the split. Piece starts are
     drawn in proportion to the pieces' bars, as the other windows are: drawn per piece, the Groove
-    set's 2-bar fills (58% of its train files, 4% of its music) opened most windows from BOS.
+    set's 2-bar fills (most of its train files, little of its music) opened most windows from BOS.
 
     Why the share: generation from scratch starts at BOS, and the first bar's time signature is
     then the model's to choose. Drawn uniformly over bar starts, piece starts would be one window
@@ -433,7 +433,7 @@ def lead_sheet(ids: np.ndarray, tokenizer: REMITokenizer, bars: int) -> np.ndarr
 
     Why: a model trained on whole songs predicts the accompaniment from the accompaniment before it
     (its key, its figure) and barely reads the melody. Moving the melody of whole songs a semitone
-    against their piano costs the piano's pitches only 0.03 nats. After a lead sheet's bars the
+    against their piano barely changes the piano's pitches' NLL (docs/design.md). After a lead sheet's bars the
     accompaniment has only the melody and the chords to go on, as when it accompanies a melody
     it is given (`spemusic accompany`), and the chords there are predicted from the melody alone."""
     ids = np.asarray(ids, dtype=np.int64)
