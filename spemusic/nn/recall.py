@@ -23,8 +23,9 @@ from __future__ import annotations
 
 import torch
 
-# tokens of context the bar echo keeps between calls: the bar before and the one being written
-# (a POP909 bar is about 100-200 tokens, a Groove bar about 75; a longer one is echoed in part)
+# tokens of context the bar echo keeps between calls: the bars it reads back and the one being
+# written (a Groove bar is about 75 tokens, so 8 bars back fit; a bar beyond it is not echoed,
+# and the parallel path, which sees the whole window, is then the wider one)
 ECHO_CONTEXT = 1024
 # places in an onset told apart (Position, Chord, Tempo, then 4 tokens a note: 16 notes and more)
 ECHO_PLACES = 128
