@@ -758,7 +758,7 @@ def test_bar_echo_is_the_next_token_one_bar_back_and_the_same_one_token_at_a_tim
     from spemusic.nn.recall import ECHO_CONTEXT, bar_echo
     from spemusic.training.train import widened
 
-    ids = _bar_stream(2, 60, seed=4)
+    ids = _bar_stream(2, 120, seed=4)
     assert ids.shape[1] > ECHO_CONTEXT  # the carried context runs out: bars echo only what it holds
     echo, tail = bar_echo(ids, None, 1, (2, 50), 150)
     for b in range(2):
