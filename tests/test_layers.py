@@ -38,7 +38,8 @@ ROWS = [
     ["nn.model"],
     ["nn.spe", "nn.spe_jax", "nn.attention", "nn.recurrent", "nn.positional", "nn.fused", "nn.compiled",
      "nn.recall"],
-    ["tokens.grammar", "tokens.tokenizer", "tokens.beats", "tokens.chords", "tokens.examples",
+    ["tokens.grammar", "tokens.tokenizer", "tokens.vocabulary", "tokens.file_policy", "tokens.midi_repair",
+     "tokens.encoding", "tokens.decoding", "tokens.beats", "tokens.chords", "tokens.examples",
      "errors", "options", "files", "memory", "words"],
 ]
 
