@@ -203,11 +203,8 @@ def recurrent_linear_attention(
     # (B·H, ·, ·) for the batched products: q and [v, 1] by rows, k by columns
     q, k = q.float().reshape(B * H, T, M), k.float().reshape(B * H, T, M).transpose(1, 2)
     v1 = _ones_col(v.float()).view(B * H, T, Dv + 1)
-    if T == 1:
-        out = torch.bmm(q, s.baddbmm_(k, v1))
-    else:
-        out = torch.cat([torch.bmm(q[:, t:t + 1], s.baddbmm_(k[:, :, t:t + 1], v1[:, t:t + 1])) for t in range(T)], 1)
-    out = out.view(B, H, T, Dv + 1)
+    outs = [torch.bmm(q[:, t:t + 1], s.baddbmm_(k[:, :, t:t + 1], v1[:, t:t + 1])) for t in range(T)]
+    out = (outs[0] if T == 1 else torch.cat(outs, 1)).view(B, H, T, Dv + 1)
     return out[..., :Dv] / (out[..., Dv:] + eps), s.view(B, H, M, Dv + 1) if output_final_state else None
 
 
