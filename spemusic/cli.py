@@ -9,6 +9,7 @@ import signal
 import sys
 import threading
 import time
+from dataclasses import replace
 from enum import Enum
 from pathlib import Path
 
@@ -155,8 +156,6 @@ def _sampling_options(info: dict, temperature: float, top_k: int, **asked):
     return SamplingOptions.for_model(info.get("name"), temperature=temperature, top_k=top_k, own=info.get("sampling"),
                                      **asked)
 INTERRUPTED_AND_SAID = 1130  # exit code 130, after a command's own message about the interruption
-MAX_CHORD_STRENGTH = 100  # nats: e^-100 leaves nothing but the chord tones; more overflows the logits
-MAX_PIECES = 256  # pieces sampled in one batch (each holds its own state, grammar and sequence)
 THREADS_HELP = "CPU threads \\[default: OMP_NUM_THREADS when set, else "
 
 
@@ -966,24 +965,24 @@ def generate(
     spemusic generate --bars 16 --parts melody,piano -o song.mid
     """
     import_native_libraries()
-    from .generation.sampling import check_length_bars
+    from .generation.settings import GenerationConfig, check_length_bars
     from .tokens.chords import parse_chords
     from .tokens.tokenizer import parse_parts
 
     check_length_bars(length, bars)
-    parts = parse_parts(parts) if parts is not None else None
-    progression = parse_chords(chords) if chords is not None else None
     if key is not None:
         from .music.keys import parse_key
 
-        if chords is not None:
-            raise SpemusicError("--key and --chords: give one (the chords set the key)")
         key = parse_key(key)
-    _generate_or_continue(model, None, None, length, bars, num, temperature, top_p, top_k, seed, output, overwrite,
-                          device, precision, as_json, False, chords=progression, keep_overlaps=keep_overlaps, png=png,
-                          meter=meter, tempo=tempo, threads=threads, chord_strength=chord_strength, audio=audio,
-                          bar_top_p=bar_top_p, key=key, repeat=repeat, onset_top_p=onset_top_p,
-                          hole_penalty=hole_penalty, stacking=stacking, parts=parts, part_programs=part_programs)
+    config = GenerationConfig(num=num, length=length, bars=bars, seed=seed,
+                              chords=parse_chords(chords) if chords is not None else None,
+                              chord_strength=chord_strength, meter=meter, tempo=tempo, key=key,
+                              parts=parse_parts(parts) if parts is not None else None,
+                              overlaps="layers" if keep_overlaps else "trim", weights_dtype=_weights_dtype(precision))
+    asked = dict(top_p=top_p, bar_top_p=bar_top_p, onset_top_p=onset_top_p, repeat=repeat,
+                 hole_penalty=hole_penalty, stacking=stacking)
+    _generate_or_continue(model, None, None, config, temperature, top_k, asked, output, overwrite, device, as_json,
+                          False, png=png, threads=threads, audio=audio, part_programs=part_programs)
 
 
 @app.command("continue")
@@ -1043,18 +1042,20 @@ def continue_(
     spemusic continue ../shared/data/pop909/001.mid --beats ../shared/data/pop909/beats/001.txt --prompt-bars 8 --bars 8
     """
     import_native_libraries()
-    from .generation.sampling import check_length_bars
+    from .generation.settings import GenerationConfig, check_length_bars
     from .tokens.chords import parse_chords
 
     check_length_bars(length, bars)
-    progression = parse_chords(chords) if chords is not None else None
+    config = GenerationConfig(num=num, length=length, bars=bars, seed=seed,
+                              chords=parse_chords(chords) if chords is not None else None,
+                              chord_strength=chord_strength, overlaps="layers" if keep_overlaps else "trim",
+                              weights_dtype=_weights_dtype(precision))
+    asked = dict(top_p=top_p, bar_top_p=bar_top_p, onset_top_p=onset_top_p, repeat=repeat,
+                 hole_penalty=hole_penalty, stacking=stacking)
     output = output or Path(f"{prompt.with_suffix('').name}-continued.mid")
-    _generate_or_continue(model, prompt, prompt_bars, length, bars, num, temperature, top_p, top_k, seed, output,
-                          overwrite, device, precision, as_json, only_continuation, beats=beats, chords=progression,
-                          from_bar=from_bar,
-                          keep_overlaps=keep_overlaps, png=png, threads=threads, chord_strength=chord_strength,
-                          audio=audio, bar_top_p=bar_top_p, repeat=repeat, onset_top_p=onset_top_p,
-                          hole_penalty=hole_penalty, stacking=stacking, part_programs=part_programs)
+    _generate_or_continue(model, prompt, prompt_bars, config, temperature, top_k, asked, output, overwrite, device,
+                          as_json, only_continuation, beats=beats, from_bar=from_bar, png=png, threads=threads,
+                          audio=audio, part_programs=part_programs)
 
 
 def _check_extra_outputs(paths, png: bool, audio: bool, overwrite: bool):
@@ -1135,47 +1136,37 @@ def _set_part_programs(tok, text: str | None) -> None:
     tok.part_programs.update(parse_part_programs(text))
 
 
-def _before_sampling(num, seed, chord_strength, temperature, top_k, asked, device, output, overwrite, png, audio,
-                     threads):
-    """What generate, continue and accompany check before any work (the options in range, the
-    device there, the outputs writable), and the threads they sample on: (seed, output paths,
-    the SoundFont for --audio)."""
+def _before_sampling(config, temperature, top_k, asked, device, output, overwrite, png, audio, threads):
+    """What generate, continue and accompany check before any work (the settings in range, the
+    device there, the outputs writable), and the threads they sample on: (the config with its
+    seed, the output paths, the SoundFont for --audio)."""
     from .generation.prompts import output_paths
     from .nn.device import pick_device
 
-    if not 1 <= num <= MAX_PIECES:
-        raise SpemusicError(f"--num must be between 1 and {MAX_PIECES} (got {num}); run several times for more")
-    seed = _seed_or_new(seed)
-    if not (math.isfinite(chord_strength) and 0 <= chord_strength <= MAX_CHORD_STRENGTH):
-        raise SpemusicError(f"--chord-strength must be between 0 and {MAX_CHORD_STRENGTH} nats (got {chord_strength:g}; "
-                            f"at {MAX_CHORD_STRENGTH}, only chord tones are left)")
+    config = replace(config, seed=_seed_or_new(config.seed))
+    config.check()
     _sampling_options({}, temperature, top_k, **asked)
     pick_device(device, auto=False)
-    paths = output_paths(output, num, overwrite)
+    paths = output_paths(output, config.num, overwrite)
     soundfont = _check_extra_outputs(paths, png, audio, overwrite)
     # one recurrent step is a chain of small matrix products: a second thread gains little on an
     # idle machine and loses much on a busy one (benchmarks/results/threads.txt)
     _set_threads(threads, 1 if device == "cpu" else None)
-    return seed, paths, soundfont
+    return config, paths, soundfont
 
 
-def _generate_or_continue(model_name, prompt_path, prompt_bars, length, bars, num, temperature, top_p, top_k, seed,
-                          output, overwrite, device, precision, as_json, only_continuation, beats=None, chords=None,
-                          keep_overlaps=False, png=False, meter=None, tempo=None, threads=None, chord_strength=0.0,
-                          audio=False, bar_top_p=None, key=None, from_bar=None, repeat=None, onset_top_p=None,
-                          hole_penalty=None, stacking=None, parts=None, part_programs=None):
-    import torch
-
+def _generate_or_continue(model_name, prompt_path, prompt_bars, config, temperature, top_k, asked, output, overwrite,
+                          device, as_json, only_continuation, beats=None, png=False, threads=None, audio=False,
+                          from_bar=None, part_programs=None):
+    """generate (no prompt) or continue: one GenerationConfig, one call to pieces."""
     from .generation.pieces import continue_prompt, generate
     from .generation.prompts import load_prompt
     from .nn.checkpoint import load_model
     from .tokens.tokenizer import REMITokenizer
 
     _check_model_names(model_name)
-    asked = dict(top_p=top_p, bar_top_p=bar_top_p, onset_top_p=onset_top_p, repeat=repeat,
-                 hole_penalty=hole_penalty, stacking=stacking)
-    seed, paths, soundfont = _before_sampling(num, seed, chord_strength, temperature, top_k, asked, device, output,
-                                              overwrite, png, audio, threads)
+    config, paths, soundfont = _before_sampling(config, temperature, top_k, asked, device, output, overwrite, png,
+                                                audio, threads)
     prompt = None
     if prompt_path is not None:
         # read the prompt with the default tokenizer to pick a model, then with the model's own
@@ -1184,37 +1175,27 @@ def _generate_or_continue(model_name, prompt_path, prompt_bars, length, bars, nu
             model_name = "groove" if prompt.only_drums else "pop-piano"
     model, tok, info = load_model(model_name or "pop-piano", device=device, return_info=True)
     _set_part_programs(tok, part_programs)
-    options = _sampling_options(info, temperature, top_k, **asked)
+    config = replace(config, options=_sampling_options(info, temperature, top_k, **asked))
     _say_which_checkpoint(model_name)
-    if chords is not None:
-        from .generation.sampling import chord_ids
-
-        chord_ids(tok, chords)  # refused before any work when the model has no chord tokens
-    if meter is not None or tempo is not None:
-        from .generation.sampling import opening_tokens
-
-        opening_tokens(tok, meter, tempo)  # refused before any work when the vocabulary lacks them
+    config.check(tok)  # the chords, meter, tempo and parts refused before any work when the model lacks them
     if prompt is not None and tok.config != REMITokenizer().config:
         prompt = load_prompt(prompt_path, tok, prompt_bars, beats, from_bar)
     for warning in prompt.warnings if prompt is not None else []:
         err.print(f"[yellow]warning:[/] {escape(str(prompt_path))}: {escape(warning)}", highlight=False)
     for caveat in prompt.caveats if prompt is not None else []:
         err.print(f"[yellow]note:[/] {escape(str(prompt_path))}: {escape(caveat)}", highlight=False)
-    sampling = dict(num=num, length=length, bars=bars, seed=seed, options=options, chords=chords,
-                    chord_strength=chord_strength, key=key, overlaps="layers" if keep_overlaps else "trim",
-                    weights_dtype={"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}.get(
-                        precision.value))  # auto: None, the sampler picks
     if prompt is None:
         def run(**callbacks):
-            return generate(model, tok, meter=meter, tempo=tempo, parts=parts, **sampling, **callbacks)
+            return generate(model, tok, config, **callbacks)
     else:
         def run(**callbacks):
-            return continue_prompt(model, tok, prompt, only_continuation=only_continuation, **sampling, **callbacks)
-    pieces = _sampling_with_progress(run, total=length, num=num, tok=tok, prompt=None if prompt is None else prompt.ids,
+            return continue_prompt(model, tok, prompt, config, only_continuation=only_continuation, **callbacks)
+    pieces = _sampling_with_progress(run, total=config.length, num=config.num, tok=tok,
+                                     prompt=None if prompt is None else prompt.ids,
                                      quiet=as_json and not sys.stderr.isatty())
     result = pieces.result
-    if key is not None:
-        _say_key_moves(paths, pieces.keys, key)
+    if config.key is not None:
+        _say_key_moves(paths, pieces.keys, config.key)
     if pieces.stopped_programs and pieces.new_programs:  # they stop at the cut
         err.print(f"[yellow]note:[/] the model did not continue {_instruments(tok, pieces.stopped_programs)} of the "
                   f"prompt; the new bars play {_instruments(tok, pieces.new_programs)}", highlight=False)
@@ -1223,13 +1204,20 @@ def _generate_or_continue(model_name, prompt_path, prompt_bars, length, bars, nu
         raise SpemusicError(f"{len(empty)} of {count(len(paths), 'piece')} {verb(len(empty), 'holds', 'hold')} no note "
                             f"({count(result.new_tokens, 'token')} did not "
                             f"complete a bar with notes): nothing written; give a larger --length, or --bars")
-    midis, rows, extras = _write_pieces(paths, pieces, tok, title=f"{model_name or 'pop-piano'}, seed {seed}", png=png,
-                                        soundfont=soundfont if audio else None, overwrite=overwrite)
-    _report(rows, result, seed, as_json, midis, pieces.prompt_bars, only_continuation, by_length=bars is None,
-            extras=extras)
+    midis, rows, extras = _write_pieces(paths, pieces, tok, title=f"{model_name or 'pop-piano'}, seed {config.seed}",
+                                        png=png, soundfont=soundfont if audio else None, overwrite=overwrite)
+    _report(rows, result, config.seed, as_json, midis, pieces.prompt_bars, only_continuation,
+            by_length=config.bars is None, extras=extras)
     if result.interrupted:
         err.print("interrupted: wrote the music generated so far")
         raise typer.Exit(INTERRUPTED_AND_SAID)
+
+
+def _weights_dtype(precision: StepPrecision):
+    """--precision as the step's weight dtype (auto: None, the sampler picks)."""
+    import torch
+
+    return {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}.get(precision.value)
 
 
 @app.command()
@@ -1285,6 +1273,7 @@ def accompany(
     import_native_libraries()
     from .generation.accompany import load_melody
     from .generation.pieces import accompany as accompany_melody
+    from .generation.settings import GenerationConfig
     from .nn.checkpoint import load_model
     from .tokens.chords import parse_chords
     from .tokens.tokenizer import parse_parts
@@ -1293,32 +1282,29 @@ def accompany(
     wanted = parse_parts(parts)
     if "melody" in wanted:
         raise SpemusicError("--parts: the melody is the file's; name the parts to write under it (bridge, piano)")
-    progression = parse_chords(chords) if chords is not None else None
+    config = GenerationConfig(num=num, seed=seed, chords=parse_chords(chords) if chords is not None else None,
+                              chord_strength=chord_strength, parts=wanted)
     asked = dict(top_p=top_p, onset_top_p=onset_top_p, repeat=repeat, hole_penalty=hole_penalty, stacking=stacking)
-    seed, paths, soundfont = _before_sampling(num, seed, chord_strength, temperature, top_k, asked, device,
-                                              output or Path(f"{melody.with_suffix('').name}-accompanied.mid"),
-                                              overwrite, png, audio, threads)
+    config, paths, soundfont = _before_sampling(config, temperature, top_k, asked, device,
+                                                output or Path(f"{melody.with_suffix('').name}-accompanied.mid"),
+                                                overwrite, png, audio, threads)
     net, tok, info = load_model(model, device=device, return_info=True)
     _set_part_programs(tok, part_programs)
     _say_which_checkpoint(model)
     held = load_melody(melody, tok, track, beats)
-    if progression is not None:
-        from .generation.sampling import chord_ids
-
-        chord_ids(tok, progression)
-    options = _sampling_options(info, temperature, top_k, **asked)
+    config = replace(config, options=_sampling_options(info, temperature, top_k, **asked))
+    config.check(tok)
 
     def run(**callbacks):
-        return accompany_melody(net, tok, held, num=num, seed=seed, options=options, chords=progression,
-                                chord_strength=chord_strength, harmonize=harmonize, parts=wanted, **callbacks)
+        return accompany_melody(net, tok, held, config, harmonize=harmonize, **callbacks)
 
     pieces = _sampling_with_progress(run, total=None, num=num, tok=tok, prompt=None,
                                      quiet=as_json and not sys.stderr.isatty())
-    if progression is None and pieces.chart is not None:
+    if config.chords is None and pieces.chart is not None:
         err.print(f"chords (charted from the melody, one per bar): {' '.join(pieces.chart)}")
-    midis, rows, extras = _write_pieces(paths, pieces, tok, title=f"{model}, seed {seed}", png=png,
+    midis, rows, extras = _write_pieces(paths, pieces, tok, title=f"{model}, seed {config.seed}", png=png,
                                         soundfont=soundfont if audio else None, overwrite=overwrite)
-    _report(rows, pieces.result, seed, as_json, midis, 0, False, by_length=False, extras=extras)
+    _report(rows, pieces.result, config.seed, as_json, midis, 0, False, by_length=False, extras=extras)
     if pieces.result.interrupted:
         err.print("interrupted: wrote the music generated so far")
         raise typer.Exit(INTERRUPTED_AND_SAID)
@@ -1453,6 +1439,7 @@ def play(
 def _play_until_stopped(net, tok, player, audio_out, *, prompt, options, seed: int, bars: int | None, record: bool):
     """play.play with a status line; the first Ctrl-C ends the music at the end of its bar."""
     from .generation.play import SoundCard, play as play_bars
+    from .generation.settings import GenerationConfig
 
     stop = threading.Event()
 
@@ -1470,7 +1457,7 @@ def _play_until_stopped(net, tok, player, audio_out, *, prompt, options, seed: i
 
         pipe = signal.signal(signal.SIGPIPE, signal.SIG_IGN)  # a reader that leaves (| head) stops the music
         try:
-            return play_bars(net, tok, player, prompt=prompt, options=options, seed=seed, bars=bars,
+            return play_bars(net, tok, player, GenerationConfig(seed=seed, bars=bars, options=options), prompt=prompt,
                              should_stop=stop.is_set, record=record, on_bar=on_bar)
         finally:
             signal.signal(signal.SIGINT, previous)

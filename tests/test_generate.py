@@ -784,3 +784,48 @@ def test_release_reads_sampling_defaults_as_key_value_pairs():
     for bad in ("top_q=0.8", "top_p", "top_p=high"):
         with pytest.raises(argparse.ArgumentTypeError):
             _sampling_flag(bad)
+
+
+def test_one_generation_config_makes_what_each_command_makes(run_cli, tmp_path):
+    """A GenerationConfig given to generate, continue_prompt and accompany makes the bytes the
+    commands make with the same settings (chords, meter, tempo, seed; the model's defaults);
+    play: tests/test_play.py."""
+    from spemusic import load_model
+    from spemusic.generation.accompany import load_melody
+    from spemusic.generation.pieces import accompany, continue_prompt, generate
+    from spemusic.generation.prompts import load_prompt
+    from spemusic.generation.settings import GenerationConfig
+    from spemusic.tokens.chords import parse_chords
+
+    examples = Path(__file__).resolve().parents[1] / "data" / "examples"
+    pop, tok = load_model("pop-piano")
+    runs = [(["generate", "--bars", 2, "--seed", 4, "--chords", "C G", "--meter", "4/4", "--tempo", 100],
+             lambda: generate(pop, tok, GenerationConfig(bars=2, seed=4, chords=parse_chords("C G"), meter="4/4",
+                                                         tempo=100.0)).midis[0]),
+            (["accompany", examples / "melody.mid", "--seed", 5],
+             lambda: accompany(pop, tok, load_melody(examples / "melody.mid", tok),
+                               GenerationConfig(seed=5)).midis[0])]
+    drums, drum_tok = load_model("groove")
+    runs.append((["continue", examples / "groove.mid", "--bars", 2, "--seed", 6],
+                 lambda: continue_prompt(drums, drum_tok, load_prompt(examples / "groove.mid", drum_tok),
+                                         GenerationConfig(bars=2, seed=6)).midis[0]))
+    for i, (args, library) in enumerate(runs):
+        code, _, err = run_cli(*args, "-o", tmp_path / f"cli{i}.mid")
+        assert code == 0, err
+        library().dump(str(tmp_path / f"lib{i}.mid"))
+        assert (tmp_path / f"lib{i}.mid").read_bytes() == (tmp_path / f"cli{i}.mid").read_bytes(), args
+
+
+
+def test_generation_config_errors_name_the_setting():
+    from spemusic.errors import OptionError
+    from spemusic.generation.settings import GenerationConfig
+
+    with pytest.raises(OptionError, match="num must be between 1 and 256"):
+        GenerationConfig(num=0, bars=1).check()
+    with pytest.raises(OptionError, match="chord_strength must be between 0 and 100"):
+        GenerationConfig(bars=1, chord_strength=float("nan")).check()
+    with pytest.raises(OptionError, match="key and chords: give one"):
+        GenerationConfig(bars=1, key=(0, "major"), chords=("C:maj",)).check()
+    with pytest.raises(TypeError, match="unknown generation setting"):
+        GenerationConfig.of(None, bar=4)

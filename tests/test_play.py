@@ -78,10 +78,11 @@ def test_midi_events_are_sent_on_time(tiny):
 
 def player_schedule(model, tok, seed, bars):
     """The note-on times of the same piece, worked out without a player."""
-    from spemusic.generation.sampling import stream_bars
+    from spemusic.generation.sampling import SamplingOptions, stream_bars
 
+    options = SamplingOptions.for_model(model.release_name, own=model.sampling_defaults)  # play's, as the CLI's
     timer, start, out = BarTimer(tok), 0.0, []
-    for i, bar in enumerate(stream_bars(model, tok, seed=seed)):
+    for i, bar in enumerate(stream_bars(model, tok, seed=seed, options=options)):
         timed = timer.time(bar)
         out += [start + n.time for track in timed.score.to("second").tracks for n in track.notes]
         start += timed.seconds
@@ -149,3 +150,25 @@ def test_play_port_errors_are_one_line(run_cli, tiny_checkpoint):
     code, _, err = run_cli("play", "--model", tiny_checkpoint, "--port", "no such port", "--bars", "1")
     assert code == 1 and len(err.strip().splitlines()) == 1, err
     assert "python-rtmidi" in err or "no such MIDI output" in err
+
+
+def test_play_with_a_config_plays_what_the_command_plays(tmp_path, monkeypatch, capsysbinary):
+    """play() given a GenerationConfig (the seed, the bars; the model's own sampling defaults)
+    records the bars `spemusic play` records with the same settings."""
+    import sys
+
+    from spemusic.cli import main
+    from spemusic.generation.prompts import midi_bytes
+    from spemusic.generation.settings import GenerationConfig
+
+    monkeypatch.setattr(play_module, "WallClock", FakeClock)
+    record = tmp_path / "played.mid"
+    monkeypatch.setattr(sys, "argv", ["spemusic", "play", "--model", "groove", "--bars", "2", "--stdout-midi",
+                                      "--seed", "7", "--record", str(record)])
+    with pytest.raises(SystemExit) as exit_:
+        main()
+    assert exit_.value.code == 0, capsysbinary.readouterr().err.decode()
+    model, tok = load_model("groove")
+    report = play(model, tok, Player(midi_out=lambda message: None, clock=FakeClock()),
+                  GenerationConfig(seed=7, bars=2), record=True)
+    assert midi_bytes(tok.decode([tok.bos_id, *report.tokens, tok.eos_id])) == record.read_bytes()

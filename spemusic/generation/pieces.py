@@ -1,7 +1,7 @@
 """New pieces and continuations as MIDI: the library behind `spemusic generate` and `continue`.
 
     model, tok = spemusic.load_model("pop-piano")
-    pieces = generate(model, tok, num=2, bars=8, seed=0)
+    pieces = generate(model, tok, GenerationConfig(num=2, bars=8, seed=0))   # or generate(model, tok, bars=8, …)
     pieces.midis[0].dump("new.mid")
 
     prompt = load_prompt(Path("song.mid"), tok, prompt_bars=4)   # spemusic.generation.prompts
@@ -13,19 +13,18 @@ The command line adds what belongs to it: option checks, the progress bar, Ctrl-
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import miditoolkit
 import numpy as np
-import torch
 
 from ..nn.model import Performer
-from ..options import CHORD_STRENGTH
 from ..tokens.tokenizer import REMITokenizer
 from .prompts import Prompt, count_bars, merge_continuation
-from .sampling import SampleResult, SamplingOptions, sample
+from .sampling import SampleResult, sample
+from .settings import GenerationConfig
 
-__all__ = ["KeyMove", "Pieces", "accompany", "continue_prompt", "generate"]
+__all__ = ["GenerationConfig", "KeyMove", "Pieces", "accompany", "continue_prompt", "generate"]
 
 
 @dataclass
@@ -62,78 +61,60 @@ class Pieces:
         return [(len(ids) - self.prompt_tokens - 1, count_bars(ids, tokenizer) - self.prompt_bars) for ids in self.ids]
 
 
-def generate(model: Performer, tokenizer: REMITokenizer, *, num: int = 1, length: int | None = None,
-             bars: int | None = None, seed: int = 0, options: SamplingOptions | None = None,
-             weights_dtype: torch.dtype | None = None, chords: list[str] | None = None, meter: str | None = None,
-             tempo: float | None = None, chord_strength: float = 0.0, key: tuple[int, str] | None = None,
-             overlaps: str = "trim", parts: tuple[str, ...] | None = None, on_token=None,
-             should_stop=None) -> Pieces:
-    """`num` new pieces of `length` tokens or `bars` bars (sampling.sample's arguments), each
-    decoded to MIDI; `key` (tonic pitch class, "major"/"minor"): each piece moved from the key it
-    was found in to that one; `overlaps`: "trim" or "layers" (tokenizer.decode); `parts`: the
-    parts the pieces play (models with parts; None: all)."""
-    return _pieces(model, tokenizer, None, False, num=num, length=length, bars=bars, seed=seed, options=options,
-                   weights_dtype=weights_dtype, chords=chords, meter=meter, tempo=tempo,
-                   chord_strength=chord_strength, key=key, overlaps=overlaps, parts=parts, on_token=on_token,
-                   should_stop=should_stop)
+def generate(model: Performer, tokenizer: REMITokenizer, config: GenerationConfig | None = None, *, on_token=None,
+             should_stop=None, **settings) -> Pieces:
+    """`config.num` new pieces of `length` tokens or `bars` bars (GenerationConfig; `settings`:
+    its fields by name, in place of its values), each decoded to MIDI: with `key`, each moved from
+    the key it was found in to that one. Sampling options left at None are the model's own."""
+    return _pieces(model, tokenizer, None, False, GenerationConfig.of(config, **settings), on_token, should_stop)
 
 
-def accompany(model: Performer, tokenizer: REMITokenizer, melody, *, num: int = 1, seed: int = 0,
-              options: SamplingOptions | None = None, weights_dtype: torch.dtype | None = None,
-              chords: list[str] | None = None, chord_strength: float = CHORD_STRENGTH, harmonize: bool = True,
-              parts: tuple[str, ...] = ("bridge", "piano"), overlaps: str = "trim", on_token=None,
-              should_stop=None) -> Pieces:
-    """`num` accompaniments of a melody (accompany.load_melody), as long as it: the melody held
-    as written, token by token, the model writing `parts` under it on `chords` (one per bar,
-    repeating), else on the chart its harmonizer draws from the whole melody (`harmonize`,
-    harmony.chart_melody; without, the model names each bar's chord as it writes). Each MIDI
-    file holds the user's melody track exactly as it was, and the new parts on the melody
-    file's timeline. `Pieces.chart`: the chords played (None: the model's own)."""
+def accompany(model: Performer, tokenizer: REMITokenizer, melody, config: GenerationConfig | None = None, *,
+              harmonize: bool = True, on_token=None, should_stop=None, **settings) -> Pieces:
+    """`config.num` accompaniments of a melody (accompany.load_melody), as long as it: the melody
+    held as written, token by token, the model writing `parts` under it (default: bridge and
+    piano) on `chords` (one per bar, repeating), else on the chart its harmonizer draws from the
+    whole melody (`harmonize`, harmony.chart_melody; without, the model names each bar's chord
+    as it writes). Each MIDI file holds the
+    user's melody track exactly as it was, and the new parts on the melody file's timeline.
+    `Pieces.chart`: the chords played (None: the model's own)."""
     import io
 
     from ..music.harmony import chart_melody
     from .accompany import hold_melody, with_accompaniment
 
+    config = GenerationConfig.of(config, **settings)
+    parts = config.parts or ("bridge", "piano")
     if "melody" in parts:
         raise ValueError("accompany writes the parts under the melody, not the melody")
+    chords = config.chords
     if chords is None and harmonize:
-        chords = chart_melody(model, melody.ids, tokenizer)
-    result = sample(model, tokenizer, num=num, bars=melody.bars, seed=seed, options=_model_options(model, options),
-                    weights_dtype=weights_dtype, chords=chords, chord_strength=chord_strength,
-                    parts=("melody", *parts), held=hold_melody(melody.ids, tokenizer), on_token=on_token,
+        chords = tuple(chart_melody(model, melody.ids, tokenizer))
+    config = replace(config.for_model(model), bars=melody.bars, length=None, chords=chords, parts=("melody", *parts))
+    result = sample(model, tokenizer, config, held=hold_melody(melody.ids, tokenizer), on_token=on_token,
                     should_stop=should_stop)
-    midis = [miditoolkit.MidiFile(file=io.BytesIO(with_accompaniment(melody, ids, tokenizer, overlaps).dumps_midi()))
+    midis = [miditoolkit.MidiFile(file=io.BytesIO(with_accompaniment(melody, ids, tokenizer,
+                                                                     config.overlaps).dumps_midi()))
              for ids in result.ids]
-    return Pieces(midis, result, 1, 0, chart=chords)
+    return Pieces(midis, result, 1, 0, chart=None if chords is None else list(chords))
 
 
-def continue_prompt(model: Performer, tokenizer: REMITokenizer, prompt: Prompt, *, only_continuation: bool = False,
-                    num: int = 1, length: int | None = None, bars: int | None = None, seed: int = 0,
-                    options: SamplingOptions | None = None, weights_dtype: torch.dtype | None = None,
-                    chords: list[str] | None = None, chord_strength: float = 0.0,
-                    key: tuple[int, str] | None = None, overlaps: str = "trim", on_token=None,
-                    should_stop=None) -> Pieces:
-    """`num` continuations of a prompt (prompts.load_prompt), each merged into the prompt's own MIDI:
-    its notes exactly as they were, then the new bars (`only_continuation`: the new bars alone)."""
-    return _pieces(model, tokenizer, prompt, only_continuation, num=num, length=length, bars=bars, seed=seed,
-                   options=options, weights_dtype=weights_dtype, chords=chords, chord_strength=chord_strength,
-                   key=key, overlaps=overlaps, on_token=on_token, should_stop=should_stop)
+def continue_prompt(model: Performer, tokenizer: REMITokenizer, prompt: Prompt, config: GenerationConfig | None = None,
+                    *, only_continuation: bool = False, on_token=None, should_stop=None, **settings) -> Pieces:
+    """`config.num` continuations of a prompt (prompts.load_prompt), each merged into the prompt's
+    own MIDI: its notes exactly as they were, then the new bars (`only_continuation`: the new
+    bars alone)."""
+    return _pieces(model, tokenizer, prompt, only_continuation, GenerationConfig.of(config, **settings), on_token,
+                   should_stop)
 
 
-def _model_options(model: Performer, options: SamplingOptions | None) -> SamplingOptions:
-    """The options given, else those `spemusic generate` samples this model with."""
-    return options if options is not None else SamplingOptions.for_model(model.release_name,
-                                                                         own=model.sampling_defaults)
-
-
-def _pieces(model, tokenizer, prompt: Prompt | None, only_continuation: bool, *, key, overlaps, **sampling) -> Pieces:
-    if sampling.get("parts") is not None and not tokenizer.config.parts:
-        from ..errors import OptionError
-
-        raise OptionError("{parts}: this model has no parts (melody, bridge, piano)")
-    sampling["options"] = _model_options(model, sampling.get("options"))
-    result = sample(model, tokenizer, prompt=None if prompt is None else prompt.ids, **sampling)
-    keys = _move_to_key(result, tokenizer, key) if key is not None else None
+def _pieces(model, tokenizer, prompt: Prompt | None, only_continuation: bool, config: GenerationConfig, on_token,
+            should_stop) -> Pieces:
+    config = config.for_model(model)
+    config.check(tokenizer)
+    result = sample(model, tokenizer, config, prompt=None if prompt is None else prompt.ids, on_token=on_token,
+                    should_stop=should_stop)
+    keys = _move_to_key(result, tokenizer, config.key) if config.key is not None else None
     prompt_tokens = 1 if prompt is None else len(prompt.ids)  # BOS, or the prompt's tokens
     stopped = new = None
     if prompt is not None:
@@ -141,11 +122,11 @@ def _pieces(model, tokenizer, prompt: Prompt | None, only_continuation: bool, *,
         before = {int(t) for t in prompt.ids if lo <= t < hi}
         after = {int(t) for ids in result.ids for t in ids[prompt_tokens:] if lo <= t < hi}
         stopped, new = sorted(before - after), sorted(after)
-    midis = [tokenizer.decode(ids, overlaps) if prompt is None
-             else merge_continuation(prompt, ids, tokenizer, only_continuation, overlaps) for ids in result.ids]
-    if prompt is None and sampling.get("tempo") is not None:
+    midis = [tokenizer.decode(ids, config.overlaps) if prompt is None
+             else merge_continuation(prompt, ids, tokenizer, only_continuation, config.overlaps) for ids in result.ids]
+    if prompt is None and config.tempo is not None:
         for midi in midis:
-            _write_tempo_exactly(midi, sampling["tempo"])
+            _write_tempo_exactly(midi, config.tempo)
     return Pieces(midis, result, prompt_tokens, 0 if prompt is None else count_bars(prompt.ids, tokenizer),
                   keys, stopped, new)
 

@@ -20,6 +20,7 @@ import numpy as np
 
 from ..errors import OptionError, SpemusicError
 from ..tokens.tokenizer import REMITokenizer
+from .settings import GenerationConfig
 
 DRUM_CHANNEL = 9
 AUDIO_GAIN = 0.6  # a live stream cannot be normalised afterwards: a fixed gain, then a soft limiter
@@ -318,14 +319,18 @@ class PlayReport:
         return self.sampled_seconds / max(self.sampling_seconds, 1e-9)
 
 
-def play(model, tokenizer: REMITokenizer, player: Player, *, prompt=None, options=None, seed: int = 0,
-         bars: int | None = None, should_stop=lambda: False, ahead: float = 3.0, record: bool = False,
-         weights_dtype=None, on_bar=None) -> PlayReport:
-    """Sample bars without end (or `bars` of them) and play them on `player`, paced to real time.
-    `should_stop()` (Ctrl-C) ends the music at the end of the bar playing. `on_bar(report)` is
-    called after each bar is sampled."""
+def play(model, tokenizer: REMITokenizer, player: Player, config: GenerationConfig | None = None, *, prompt=None,
+         should_stop=lambda: False, ahead: float = 3.0, record: bool = False, on_bar=None, **settings) -> PlayReport:
+    """Sample bars without end (or `config.bars` of them) and play them on `player`, paced to real
+    time; the config's seed, sampling options (None: the model's own) and step weights
+    (GenerationConfig; `settings`: its fields by name). `should_stop()` (Ctrl-C) ends the music
+    at the end of the bar playing. `on_bar(report)` is called after each bar is sampled."""
     from ..tokens.grammar import GrammarState, REMIGrammar
     from .sampling import stream_bars
+
+    config = GenerationConfig.of(config, **settings).for_model(model)
+    config.check()
+    bars = config.bars
 
     st, grammar = GrammarState(), REMIGrammar(tokenizer)  # the meter and tempo in force after the prompt
     for t in ([] if prompt is None else prompt):
@@ -347,8 +352,8 @@ def play(model, tokenizer: REMITokenizer, player: Player, *, prompt=None, option
 
     closed = False
     try:
-        for bar in stream_bars(model, tokenizer, prompt=prompt, options=options, seed=seed,
-                               weights_dtype=weights_dtype, should_stop=stop, on_token=player.service):
+        for bar in stream_bars(model, tokenizer, prompt=prompt, options=config.options, seed=config.seed,
+                               weights_dtype=config.weights_dtype, should_stop=stop, on_token=player.service):
             player.add(timer.time(bar))
             if record:
                 kept.append(bar)

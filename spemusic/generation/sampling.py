@@ -16,69 +16,10 @@ import torch
 from ..errors import MidiError, OptionError
 from ..nn.device import cpu_has_fast_bf16
 from ..nn.model import Performer
-from ..options import model_sampling
 from ..tokens.grammar import BAR, CHORD, NOTE_END, POSITION, PROGRAM, TIMESIG, GrammarState, REMIGrammar
 from ..tokens.tokenizer import TEMPO, REMITokenizer
-from .cache import CacheOptions, ContinuousCache
-
-
-@dataclass
-class SamplingOptions:
-    temperature: float = 1.0
-    top_k: int = 0          # 0: off
-    top_p: float = 1.0      # 1.0: off
-    bar_top_p: float = 1.0  # the nucleus right after each Bar token (meter change, first onset); 1.0: off
-    onset_top_p: float = 1.0  # right after each note, the nucleus among the Positions and the bar line,
-                              # their total kept (trim_far_onsets: far onsets leave holes); 1.0: off
-    hole_penalty: float = 0.0  # nats off an onset per beat of silence it would leave beyond a quarter
-                               # beat (discourage_holes); 0: off
-    stacking: float = 1.0   # once an onset holds two notes, the odds of one more there are multiplied by this
-                            # (temper_stacking); 1: off
-    repeat: float = 0.0     # the continuous cache's largest share (spemusic.generation.cache): the piece copies its
-                            # earlier bars where it is somewhere it has been before; 0: off
-
-    def check(self) -> None:
-        if not (1e-3 <= self.temperature <= 1e3):  # (NaN fails too) beyond: one-hot or uniform in float32
-            raise OptionError("{temperature} must be between 0.001 and 1000 (got {value})", value=self.temperature)
-        if self.top_k < 0:
-            raise OptionError("{top_k} must be 0 (off) or a positive number (got {value})", value=self.top_k)
-        if not (0 < self.top_p <= 1):
-            raise OptionError("{top_p} must be in (0, 1] (got {value})", value=self.top_p)
-        if not (0 < self.bar_top_p <= 1):
-            raise OptionError("{bar_top_p} must be in (0, 1] (got {value})", value=self.bar_top_p)
-        if not (0 < self.onset_top_p <= 1):
-            raise OptionError("{onset_top_p} must be in (0, 1] (got {value})", value=self.onset_top_p)
-        if not (0 <= self.hole_penalty <= 100):
-            raise OptionError("{hole_penalty} must be between 0 (off) and 100 (got {value})", value=self.hole_penalty)
-        if not (0 < self.stacking <= 10):
-            raise OptionError("{stacking} must be in (0, 10] (got {value})", value=self.stacking)
-        if not (0 <= self.repeat <= 1):
-            raise OptionError("{repeat} must be between 0 (off) and 1 (got {value})", value=self.repeat)
-
-    def cache(self) -> CacheOptions | None:
-        return CacheOptions(weight=self.repeat) if self.repeat > 0 else None
-
-    @classmethod
-    def for_model(cls, name: str | None, temperature: float = 1.0, top_k: int = 0, own: dict | None = None,
-                  **asked) -> SamplingOptions:
-        """The options `spemusic generate` samples a model with: those asked (None: not given),
-        else the defaults its checkpoint records (`own`: a loaded model's `sampling_defaults`),
-        else those of the model released as `name` (its `release_name`; see
-        spemusic.options.MODEL_SAMPLING), checked."""
-        options = cls(temperature=temperature, top_k=top_k, **model_sampling(name, own, **asked))
-        options.check()
-        return options
-
-
-def check_length_bars(length: int | None, bars: int | None) -> None:
-    if length is None and bars is None:
-        raise OptionError("give {length} N (tokens) or {bars} B")
-    if length is not None and bars is not None:
-        raise OptionError("give {length} or {bars}, not both")
-    if length is not None and length < 1:
-        raise OptionError("{length} must be at least 1 (got {value})", value=length)
-    if bars is not None and bars < 1:
-        raise OptionError("{bars} must be at least 1 (got {value})", value=bars)
+from .cache import ContinuousCache
+from .settings import GenerationConfig, SamplingOptions, check_length_bars
 
 
 def filter_logits(logits: torch.Tensor, opts: SamplingOptions, at_bar: torch.Tensor | None = None,
@@ -558,16 +499,15 @@ class _Pieces:
 
 
 @torch.inference_mode()
-def sample(model: Performer, tokenizer: REMITokenizer, *, num: int = 1, length: int | None = None,
-           bars: int | None = None, prompt: np.ndarray | None = None, options: SamplingOptions | None = None,
-           seed: int = 0, on_token=None, should_stop=None, weights_dtype: torch.dtype | None = None,
-           chords: list[str] | None = None, meter: str | None = None, tempo: float | None = None,
-           chord_strength: float = 0.0, parts: tuple[str, ...] | None = None, held=None) -> SampleResult:
+def sample(model: Performer, tokenizer: REMITokenizer, config: GenerationConfig | None = None, *,
+           prompt: np.ndarray | None = None, held=None, on_token=None, should_stop=None, **settings) -> SampleResult:
     """Sample `num` pieces of `length` new tokens (or `bars` new bars) after an optional prompt.
 
     `prompt` is a token sequence without EOS (it will be continued with a new bar). `on_token(n, bars)`
     is called after every sampling step; `should_stop()` returning True (or Ctrl-C) stops early and
-    returns the valid part generated so far. `weights_dtype`: the recurrent step's linear weights;
+    returns the valid part generated so far. The settings are `config`'s (GenerationConfig), with
+    `settings` (its fields by name) in place of its values; `options` None: SamplingOptions().
+    `weights_dtype`: the recurrent step's linear weights;
     None picks `auto_step_dtype`. `chords`: a progression of chord names (``"A:min"``, see
     spemusic.tokens.chords), one per new bar, repeating: every bar opens on ``Position_0 Chord_X`` and
     holds no other chord change (the model writes the notes); `chord_strength` adds that many nats
@@ -579,9 +519,12 @@ def sample(model: Performer, tokenizer: REMITokenizer, *, num: int = 1, length: 
     model's distribution (spemusic.generation.cache). `parts` (models with parts): the parts the pieces may
     play ("melody", "bridge", "piano"), the others never written. `held` (accompany.hold_melody): a
     melody the pieces keep as written, token by token, while the model writes the other parts."""
-    options = options or SamplingOptions()
-    options.check()
-    check_length_bars(length, bars)
+    config = GenerationConfig.of(config, **settings)
+    config.check()
+    check_length_bars(config.length, config.bars)
+    num, length, bars, seed, weights_dtype = config.num, config.length, config.bars, config.seed, config.weights_dtype
+    chords = list(config.chords) if config.chords is not None else None
+    options = config.options or SamplingOptions()
     # the notes of an onset in the tokenizer's order (low to high) for models that can see the
     # note before (a short convolution); models without one do not know it, and the strict mask
     # would push them up the keyboard, so they get any order, put right by `canonical` after
@@ -591,10 +534,11 @@ def sample(model: Performer, tokenizer: REMITokenizer, *, num: int = 1, length: 
     model.resample(seed)
     device = next(model.parameters()).device
     trained = model.trained_tokens
-    banned = banned_parts(tokenizer, parts)
+    banned = banned_parts(tokenizer, config.parts)
     if banned is not None:  # the parts not asked for leave the vocabulary the pieces keep to
         trained = ~banned if trained is None else trained & ~banned
-    steer = _Steering.of(tokenizer, grammar, trained, chords, chord_strength, meter, tempo, bars, device)
+    steer = _Steering.of(tokenizer, grammar, trained, chords, config.chord_strength, config.meter, config.tempo, bars,
+                         device)
     onset_ids = OnsetTokens.of(tokenizer, device)
     changes = meter_changes(tokenizer).to(device)
     gen = torch.Generator(device="cpu").manual_seed(seed)
