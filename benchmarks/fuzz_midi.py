@@ -253,8 +253,9 @@ def command_args(cmd: str, path: Path) -> list[str]:
 
 
 def run_in_process(args: list[str]) -> tuple[int | str, str]:
-    """Run `spemusic ARGS` through its entry point here: (exit code, or 'traceback: ...'; stderr)."""
-    from spemusic.cli import main
+    """Run `spemusic ARGS` through its entry point (the console script's, pyproject.toml) in this
+    process: (exit code, or 'traceback: ...'; stderr)."""
+    from spemusic._start import main
 
     out, err = io.StringIO(), io.StringIO()
     sys.argv = ["spemusic", *args]
