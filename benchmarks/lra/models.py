@@ -16,8 +16,6 @@ the paper's construction. A fresh SPE draw per training step, a fixed one in eva
 
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -47,9 +45,8 @@ class Attention(nn.Module):
         B, T, _ = x.shape
         q, k, v = self.qkv(x).view(B, T, 3, HEADS, self.d_head).unbind(2)  # (B, T, H, d)
         if self.kind == "softmax":
-            att = torch.einsum("bthd,bshd->bhts", q, k) / math.sqrt(self.d_head)
-            att = att.masked_fill(~mask[:, None, None, :], float("-inf")).softmax(-1)
-            o = torch.einsum("bhts,bshd->bthd", att, v)
+            o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                               attn_mask=mask[:, None, None, :]).transpose(1, 2)
         else:
             if self.filter is not None:
                 q, k = self.filter(q, k, spe_ctx)  # (B, T, H, R)
@@ -75,12 +72,16 @@ class Block(nn.Module):
 
 
 class Classifier(nn.Module):
-    def __init__(self, kind: str, vocab_size: int, classes: int, max_len: int):
+    def __init__(self, kind: str, vocab_size: int, classes: int, max_len: int, pool: str = "mean"):
         super().__init__()
         if kind not in MODELS:
             raise ValueError(f"unknown model {kind!r}: one of {', '.join(MODELS)}")
-        self.kind = kind
+        self.kind, self.pool = kind, pool
         self.embed = nn.Embedding(vocab_size, D_MODEL)
+        # "cls": a learned token before the input, whose output the head reads (LRA's ListOps);
+        # "mean": the mean of the outputs over the input (LRA's Pathfinder)
+        self.cls = nn.Parameter(torch.randn(D_MODEL) * 0.02) if pool == "cls" else None
+        max_len += pool == "cls"
         self.ape = nn.Parameter(torch.randn(max_len, D_MODEL) * 0.02) if kind in ("softmax", "favor-ape") else None
         d_head = D_MODEL // HEADS
         self.spe = (SineSPE(HEADS, d_head, n_sines=SINES, n_realizations=REALIZATIONS) if "sinespe" in kind
@@ -91,8 +92,11 @@ class Classifier(nn.Module):
         self.eval_code = None
 
     def forward(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        B, T = ids.shape
         x = self.embed(ids)
+        if self.cls is not None:
+            x = torch.cat([self.cls.expand(len(x), 1, -1), x], dim=1)
+            mask = torch.cat([mask.new_ones(len(x), 1), mask], dim=1)
+        T = x.shape[1]
         if self.ape is not None:
             x = x + self.ape[:T]
         spe_ctx = None
@@ -106,6 +110,8 @@ class Classifier(nn.Module):
         for blk in self.blocks:
             x = blk(x, mask, spe_ctx)
         x = self.norm(x)
+        if self.cls is not None:
+            return self.head(x[:, 0])
         pooled = (x * mask[..., None]).sum(1) / mask.sum(1, keepdim=True)
         return self.head(pooled)
 

@@ -28,11 +28,15 @@ import listops
 import pathfinder
 from models import MODELS, Classifier, loss_and_hits
 
+from spemusic.errors import SpemusicError
+
 from _errors import run_script
 
 TASKS = {"listops": listops, "pathfinder": pathfinder}
 VOCAB = {"listops": len(listops.VOCAB), "pathfinder": pathfinder.VOCAB_SIZE}
+POOL = {"listops": "cls", "pathfinder": "mean"}  # as LRA's configs pool
 MAX_LEN = {"listops": listops.MAX_LENGTH, "pathfinder": pathfinder.SIZE ** 2}
+PAD_TO = 256
 CACHE = Path.home() / ".cache" / "spemusic" / "lra"
 
 # Published accuracies (%) of the same families. LRA: Tay et al. 2021, Table 1 (its leaderboard);
@@ -46,15 +50,18 @@ PUBLISHED = {
 }
 
 
-def dataset(task: str, n: int, seed: int) -> tuple[list[np.ndarray], np.ndarray]:
-    """n examples of `task` (generated once, then read from the cache)."""
-    path = CACHE / f"{task}-{n}-{seed}.npz"
+def dataset(task: str, n: int, seed: int, lengths: tuple[int, int] | None = None) -> tuple[list[np.ndarray],
+                                                                                        np.ndarray]:
+    """n examples of `task` (generated once, then read from the cache); ListOps: `lengths` (min,
+    max; None: LRA's)."""
+    lengths = None if lengths == (listops.MIN_LENGTH, listops.MAX_LENGTH) else lengths
+    path = CACHE / f"{task}-{n}-{seed}{'' if lengths is None else f'-{lengths[0]}-{lengths[1]}'}.npz"
     if path.is_file():
-        d = np.load(path, allow_pickle=False)
-        offsets = d["offsets"]
-        return [d["tokens"][a:b] for a, b in zip(offsets[:-1], offsets[1:])], d["labels"]
+        with np.load(path, allow_pickle=False) as d:  # each d[key] reads the array anew: read once
+            tokens, offsets, labels = d["tokens"], d["offsets"], d["labels"]
+        return np.split(tokens, offsets[1:-1]), labels
     t0 = time.perf_counter()
-    seqs, labels = TASKS[task].generate(n, seed)
+    seqs, labels = TASKS[task].generate(n, seed) if lengths is None else listops.generate(n, seed, lengths)
     CACHE.mkdir(parents=True, exist_ok=True)
     offsets = np.cumsum([0] + [len(s) for s in seqs])
     tmp = path.with_suffix(".tmp.npz")
@@ -71,7 +78,8 @@ def batches(seqs, labels, batch_size: int, rng: np.random.Generator | None):
     if rng is not None:
         groups = [groups[i] for i in rng.permutation(len(groups))]
     for g in groups:
-        T = max(len(seqs[i]) for i in g)
+        # few shapes for SPE's compiled kernels: with the CLS token, a multiple of PAD_TO
+        T = -(-(max(len(seqs[i]) for i in g) + 1) // PAD_TO) * PAD_TO - 1
         ids = torch.zeros(len(g), T, dtype=torch.long)
         mask = torch.zeros(len(g), T, dtype=torch.bool)
         for j, i in enumerate(g):
@@ -82,7 +90,8 @@ def batches(seqs, labels, batch_size: int, rng: np.random.Generator | None):
 
 def train_one(task: str, kind: str, seed: int, train, test, args) -> dict:
     torch.manual_seed(seed)
-    model = Classifier(kind, VOCAB[task], TASKS[task].CLASSES, MAX_LEN[task])
+    max_len = args.lengths[1] if task == "listops" else MAX_LEN[task]
+    model = Classifier(kind, VOCAB[task], TASKS[task].CLASSES, -(-max_len // PAD_TO) * PAD_TO, POOL[task])
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
     warmup = max(1, args.steps // 10)
     sched = torch.optim.lr_scheduler.LambdaLR(
@@ -121,15 +130,24 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--train-size", type=int, default=12_000)
     ap.add_argument("--test-size", type=int, default=1_000)
+    ap.add_argument("--lengths", type=int, nargs=2, metavar=("MIN", "MAX"),
+                    default=(listops.MIN_LENGTH, listops.MAX_LENGTH),
+                    help="ListOps: tree lengths kept, in tokens [default: LRA's, 500 2000]")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", default=None, help="JSON of every run [default: benchmarks/results/lra_TASK.json]")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    train = dataset(args.task, args.train_size, 1)
-    test = dataset(args.task, args.test_size, 2)
+    if args.task == "listops" and not 1 <= args.lengths[0] < args.lengths[1]:
+        raise SpemusicError(f"--lengths {args.lengths[0]} {args.lengths[1]}: give MIN < MAX, both positive")
+    lengths = tuple(args.lengths) if args.task == "listops" else None
+    train = dataset(args.task, args.train_size, 1, lengths)
+    test = dataset(args.task, args.test_size, 2, lengths)
     majority = 100 * np.bincount(test[1]).max() / len(test[1])
+    baselines = f"majority class {majority:.1f}%"
+    if args.task == "listops":
+        baselines += f", the first token alone {listops.first_token_accuracy(train, test):.1f}%"
     print(f"{args.task}: {args.train_size:,} train / {args.test_size:,} test examples, {args.steps} steps of "
-          f"{args.batch_size}, {len(args.models)} models x {args.seeds} seeds; majority class {majority:.1f}%")
+          f"{args.batch_size}, {len(args.models)} models x {args.seeds} seeds; {baselines}")
     runs = []
     for kind in args.models:
         for seed in range(args.seeds):
@@ -145,7 +163,8 @@ def main() -> None:
               f"{f'{pub[1]:.1f} ({pub[0]})' if pub else ''}")
     print(f"\nhere: {len(MODELS and args.models)} models of 2 layers, d_model 64, 4 heads, 64 FAVOR+ features, SPE "
           f"R = 32 (10 sines; convSPE 128 taps), {args.steps} steps of {args.batch_size}, "
-          f"{args.train_size:,} generated examples, lengths up to {MAX_LEN[args.task]}; "
+          f"{args.train_size:,} generated examples, lengths up to "
+          f"{args.lengths[1] if args.task == 'listops' else MAX_LEN[args.task]}; "
           "published: LRA's models (ListOps 6 layers, d_model 512; Pathfinder-32 1 layer, d_model 32) "
           "trained 10k+ steps on 96k (ListOps) / 160k (Pathfinder) examples")
     out = Path(args.out or f"benchmarks/results/lra_{args.task}.json")
