@@ -726,20 +726,22 @@ def _echo_reference(seq: list[int], bars: int = 1) -> list[int]:
     several bars, the echo most of them give (ties: the nearest bar's)."""
     from collections import Counter
 
-    from spemusic.nn.recall import ECHO_PLACES
+    from spemusic.nn.recall import ECHO_PLACES, ECHO_SWEEPS
 
     out, done, cur = [], [], None  # done: the finished bars, nearest last
-    pos = since = 0
+    pos = since = sweep = 0
     for tok in seq:
         if tok == 1:  # what came before the first Bar is never echoed
             if cur is not None:
                 done.append(cur)
-            cur, pos, since = [], 0, 0
+            cur, pos, since, sweep = [], 0, 0, 0
         elif 2 <= tok < 50:
+            if pos and tok - 2 + 1 <= pos:  # a position again: the bar's next pass (melody first)
+                sweep = min(sweep + 1, ECHO_SWEEPS - 1)
             pos, since = tok - 2 + 1, 0
         else:
             since += 1
-        place = (pos, min(since, ECHO_PLACES - 1))
+        place = (sweep, pos, min(since, ECHO_PLACES - 1))
         echoes = []
         for bar in done[::-1][:bars] if cur is not None else []:
             earlier = [(p, i) for p, i in bar if p <= place]
@@ -786,6 +788,34 @@ def test_bar_echo_is_the_next_token_one_bar_back_and_the_same_one_token_at_a_tim
         outs.append(logits[:, None])
     assert (torch.cat(outs, 1) - full[:, :300]).abs().max().item() <= 1e-4
     assert (m.prime(ids[:, :1])[0] - full[:, :1]).abs().max().item() <= 1e-4
+
+
+def test_bar_echo_of_a_melody_first_bar_echoes_each_pass_from_its_own():
+    """A melody-first bar goes through its positions twice (the melody, then the other parts):
+    each pass echoes the same pass of the bar before, as the definition says, in one call or
+    token by token."""
+    from spemusic.nn.recall import bar_echo
+
+    g = torch.Generator().manual_seed(5)
+    seq = [0]
+    for _ in range(40):
+        melody = sorted(torch.randperm(48, generator=g)[:3].tolist())
+        piano = [0] + sorted((1 + torch.randperm(47, generator=g)[:3]).tolist())  # opens at 0, as pop's chord
+        seq += [1] + [t for p in melody for t in (2 + p, 60 + p)] + [t for p in piano for t in (2 + p, 110 + p % 40)]
+    ids = torch.tensor([seq])
+    echo, _ = bar_echo(ids, None, 1, (2, 50), 150)
+    assert [e if e != 150 else -1 for e in echo[0].tolist()] == _echo_reference(seq)
+    bar_starts = [i for i, t in enumerate(seq) if t == 1]
+    for a, b in zip(bar_starts[1:], bar_starts[2:]):
+        piano_pass = range(a + 1 + 2 * 3, b)  # after the melody's three onsets
+        # the piano's places echo the piano of the bar before (its Positions and notes), never the melody
+        assert all(not 60 <= echo[0, i].item() < 110 for i in piano_pass)
+        assert any(110 <= echo[0, i].item() < 150 for i in piano_pass)
+    tail, outs = None, []
+    for t in range(len(seq)):  # one token at a time, carrying the tail
+        e, tail = bar_echo(ids[:, t: t + 1], tail, 1, (2, 50), 150)
+        outs.append(e)
+    assert torch.equal(torch.cat(outs, 1), echo)
 
 
 def test_bar_echo_over_several_bars_is_what_most_of_them_had_and_the_same_one_token_at_a_time():

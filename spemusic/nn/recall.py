@@ -6,8 +6,9 @@ off the ids, the same on the parallel path and one token at a time, carried acro
   back behind the accompaniment's notes in time order (median 10 on POP909): too far and too
   irregular for linear attention or a short convolution to read sharply.
 * Bar echo: every token sees what came next at the same place of the bar before: the token that
-  followed, one bar earlier, the token at the same (position in the bar, place in its onset), or
-  at the last place before it.
+  followed, one bar earlier, the token at the same (pass through the bar, position in the bar,
+  place in its onset), or at the last place before it. A bar in time order is one pass; a
+  melody-first bar two (its melody, then the other parts, each echoing its own).
   At a note's end that is where the last bar's next onset fell; at a Position, which drum or pitch
   it opened with. A drummer's pattern is a bar (about 75 tokens) back: linear attention blurs it,
   and a model that cannot look it up exactly cannot copy it.
@@ -29,6 +30,9 @@ import torch
 ECHO_CONTEXT = 2048
 # places in an onset told apart (Position, Chord, Tempo, then 4 tokens a note: 16 notes and more)
 ECHO_PLACES = 128
+# passes through one bar told apart: a melody-first bar goes through its positions twice (the
+# melody, then the other parts); a time-ordered bar once
+ECHO_SWEEPS = 4
 
 
 def pitch_memory(ids: torch.Tensor, carry: torch.Tensor | None, programs: torch.Tensor, pitch_range) -> tuple:
@@ -69,8 +73,9 @@ def bar_echo(ids: torch.Tensor, tail: torch.Tensor | None, bar_id: int, position
     in_onset = last_pos > last_bar
     pos = torch.where(in_onset, seq.gather(1, last_pos.clamp(min=0)) - lo + 1, 0)  # 0: before the bar's first onset
     place = (t - torch.maximum(last_bar, last_pos)).clamp(max=ECHO_PLACES - 1)
-    width = (hi - lo + 1) * ECHO_PLACES
-    key = bar * width + pos * ECHO_PLACES + place  # increasing along each row
+    sweep = _sweep(pos, is_pos, in_onset, last_bar)
+    width = ECHO_SWEEPS * (hi - lo + 1) * ECHO_PLACES
+    key = bar * width + (sweep * (hi - lo + 1) + pos) * ECHO_PLACES + place  # increasing along each row
     key = torch.where(bar >= 1, key, -1)  # before the first Bar: never matched (targets are at least 0)
     mine, key = key[:, N - T:], key.contiguous()
     echoes = _echo_back(seq, key, mine, width, bars, none_id)
@@ -78,6 +83,15 @@ def bar_echo(ids: torch.Tensor, tail: torch.Tensor | None, bar_id: int, position
     if keep.shape[1] < ECHO_CONTEXT:
         keep = torch.cat([keep.new_full((B, ECHO_CONTEXT - keep.shape[1]), -1), keep], 1)
     return _most_held(echoes, none_id), keep
+
+
+def _sweep(pos: torch.Tensor, is_pos: torch.Tensor, in_onset: torch.Tensor, last_bar: torch.Tensor) -> torch.Tensor:
+    """(B, N): the pass through its bar each token is in, from 0: a Position at or before the
+    bar's last one starts the next pass (melody first: the other parts after the melody)."""
+    before = torch.cat([pos.new_zeros(pos.shape[0], 1), pos[:, :-1]], 1)  # the position in force before
+    was_in_onset = torch.cat([in_onset.new_zeros(pos.shape[0], 1), in_onset[:, :-1]], 1)
+    again = (is_pos & was_in_onset & (pos <= before)).long().cumsum(1)
+    return (again - again.gather(1, last_bar.clamp(min=0))).clamp(0, ECHO_SWEEPS - 1)
 
 
 def _echo_back(seq: torch.Tensor, key: torch.Tensor, mine: torch.Tensor, width: int, bars: int,

@@ -56,9 +56,6 @@ def with_vocabulary(model: Performer, old: REMITokenizer, new: REMITokenizer, li
 
 def bar_echo_config(tokenizer: REMITokenizer, bars: int = 1) -> dict:
     """The model config fields of a bar echo over the tokenizer's bars and positions, `bars` back."""
-    if tokenizer.config.melody_first:  # (its places are read in time order, once through the bar)
-        raise OptionError("{bar_echo} reads a bar once through in time order; a melody-first layout goes through "
-                          "each bar twice (the melody, then the other parts)")
     return {"bar_echo": [tokenizer.bar_id, *tokenizer.range("Position")], "echo_bars": bars}
 
 
