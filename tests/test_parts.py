@@ -214,6 +214,9 @@ def test_accompany_keeps_the_melody_exactly(tmp_path):
         # the melody's tokens are the prompt's, token for token
         assert melody_notes(ids, tok) == melody_notes(melody.ids, tok)
         assert len(midi.instruments[0].notes) == len(MELODY)
+    model.harmony_file = None  # a model that ships no harmonizer names each bar's chord itself
+    alone = accompany(model, tok, melody, seed=3)
+    assert alone.chart is None and melody_notes(alone.ids[0], tok) == melody_notes(melody.ids, tok)
 
 
 def test_accompany_and_parts_errors(run_cli, tmp_path):

@@ -75,9 +75,8 @@ def accompany(model: Performer, tokenizer: REMITokenizer, melody, config: Genera
     held as written, token by token, the model writing `parts` under it (default: bridge and
     piano) on `chords` (one per bar, repeating), else on the chart its harmonizer draws from the
     whole melody (`harmonize`, harmony.chart_melody; without, the model names each bar's chord
-    as it writes). Each MIDI file holds the
-    user's melody track exactly as it was, and the new parts on the melody file's timeline.
-    `Pieces.chart`: the chords played (None: the model's own)."""
+    as it writes). Each MIDI file holds the user's melody track exactly as it was, and the new
+    parts on the melody file's timeline. `Pieces.chart`: the chords played (None: the model's own)."""
     import io
 
     from ..music.harmony import chart_melody
@@ -89,7 +88,8 @@ def accompany(model: Performer, tokenizer: REMITokenizer, melody, config: Genera
         raise ValueError("accompany writes the parts under the melody, not the melody")
     chords = config.chords
     if chords is None and harmonize:
-        chords = tuple(chart_melody(model, melody.ids, tokenizer))
+        charted = chart_melody(model, melody.ids, tokenizer)  # None: the model ships no harmonizer
+        chords = None if charted is None else tuple(charted)
     config = replace(config.for_model(model), bars=melody.bars, length=None, chords=chords, parts=("melody", *parts))
     result = sample(model, tokenizer, config, held=hold_melody(melody.ids, tokenizer), on_token=on_token,
                     should_stop=should_stop)
