@@ -48,8 +48,10 @@ def _tree(rng: random.Random, depth: int) -> tuple[list[str], int]:
     return tokens, value
 
 
-def generate(n: int, seed: int, lengths: tuple[int, int] = (MIN_LENGTH, MAX_LENGTH)) -> tuple[list[np.ndarray],
-                                                                                           np.ndarray]:
+Examples = tuple[list[np.ndarray], np.ndarray]  # token ids per example, labels
+
+
+def generate(n: int, seed: int, lengths: tuple[int, int] = (MIN_LENGTH, MAX_LENGTH)) -> Examples:
     """n distinct trees of lengths[0] < length < lengths[1] tokens: (token ids, labels)."""
     shortest, longest = lengths
     rng = random.Random(seed)
@@ -89,7 +91,7 @@ def evaluate(ids) -> int:
     return value
 
 
-def first_token_accuracy(train: tuple[list, np.ndarray], test: tuple[list, np.ndarray]) -> float:
+def first_token_accuracy(train: Examples, test: Examples) -> float:
     """Test accuracy (%) of answering, for each root operator (the first token), the value most
     frequent under it in `train`: what a model reading the first token alone reaches. MAX of
     2 to 10 arguments, most of them digits, is mostly 9; MIN mostly 0."""

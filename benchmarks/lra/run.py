@@ -51,18 +51,17 @@ PUBLISHED = {
 }
 
 
-def dataset(task: str, n: int, seed: int, lengths: tuple[int, int] | None = None) -> tuple[list[np.ndarray],
-                                                                                        np.ndarray]:
+def dataset(task: str, n: int, seed: int, lengths: tuple[int, int] | None = None) -> listops.Examples:
     """n examples of `task` (generated once, then read from the cache); ListOps: `lengths` (min,
     max; None: LRA's)."""
-    lengths = None if lengths == (listops.MIN_LENGTH, listops.MAX_LENGTH) else lengths
-    path = CACHE / f"{task}-{n}-{seed}{'' if lengths is None else f'-{lengths[0]}-{lengths[1]}'}.npz"
+    own_lengths = lengths not in (None, (listops.MIN_LENGTH, listops.MAX_LENGTH))  # LRA's keep the plain name
+    path = CACHE / f"{task}-{n}-{seed}{f'-{lengths[0]}-{lengths[1]}' if own_lengths else ''}.npz"
     if path.is_file():
         with np.load(path, allow_pickle=False) as d:  # each d[key] reads the array anew: read once
             tokens, offsets, labels = d["tokens"], d["offsets"], d["labels"]
         return np.split(tokens, offsets[1:-1]), labels
     t0 = time.perf_counter()
-    seqs, labels = TASKS[task].generate(n, seed) if lengths is None else listops.generate(n, seed, lengths)
+    seqs, labels = listops.generate(n, seed, lengths) if own_lengths else TASKS[task].generate(n, seed)
     CACHE.mkdir(parents=True, exist_ok=True)
     offsets = np.cumsum([0] + [len(s) for s in seqs])
     tmp = path.with_suffix(".tmp.npz")
