@@ -351,10 +351,14 @@ def cosine(a: np.ndarray, b: np.ndarray) -> float:
     return float(a @ b / (na * nb)) if na and nb else float("nan")
 
 
-def continuation_similarity(source_ids, continuation_ids, tok: REMITokenizer, prompt_bars: int) -> list[float]:
-    """Cosine similarity between the source piece's style histogram and each quarter (by bars) of
-    the part of `continuation_ids` after the first `prompt_bars` bars."""
-    ref = style_histogram(note_grid(source_ids, tok))
+def continuation_similarity(source_ids, continuation_ids, tok: REMITokenizer, prompt_bars: int,
+                            reference_bars: int | None = None) -> list[float]:
+    """Cosine similarity between the style histogram of the source piece (its first
+    `reference_bars` bars: the prompt; None: all of it) and each quarter (by bars) of the part of
+    `continuation_ids` after the first `prompt_bars` bars. (The whole source holds the piece's own
+    next bars: measured against it, the real continuation is partly compared with itself.)"""
+    g_src = note_grid(source_ids, tok)
+    ref = style_histogram(g_src, None if reference_bars is None else g_src.bar < reference_bars)
     g = note_grid(continuation_ids, tok)
     new_bars = g.n_bars - prompt_bars
     if new_bars < 4:
