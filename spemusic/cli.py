@@ -574,6 +574,9 @@ TRAIN_OPTIONS = {
     "piece_starts": ("Data", ("This share of the training windows opens at a piece's start, as generation from "
                      "scratch does; the rest open at any bar. A model with --bar-echo holds the bars it opens "
                      "with, so it needs more of them.")),
+    "kit_swaps": ("Data", ("Drums: this share of the training windows is played on another part of the kit, the "
+                  "same way through the window (hi-hat on the ride, snare as side stick, one crash for the "
+                  "other), so a continuation keeps the kit of its prompt.")),
     "batch_size": ("Optimisation", "Sequences per micro-batch, all processes together."),
     "grad_accum": ("Optimisation", "Micro-batches per optimizer step."),
     "steps": ("Optimisation", "Optimizer steps.", None),
@@ -649,6 +652,7 @@ def train(
     drum_grid: bool | None = _train_option("drum_grid", "--drum-grid/--no-drum-grid"),
     lead_sheet: float | None = _train_option("lead_sheet", "--lead-sheet"),
     piece_starts: float | None = _train_option("piece_starts", "--piece-starts"),
+    kit_swaps: float | None = _train_option("kit_swaps", "--kit-swaps"),
     output: Path | None = typer.Option(None, "-o", "--output", rich_help_panel="Run",
                                           help="Run folder: checkpoints, metrics.jsonl."),
     config: Path | None = typer.Option(None, "--config", rich_help_panel="Run",

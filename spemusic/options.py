@@ -78,6 +78,8 @@ class TrainConfig:
     drum_grid: bool = False      # drum hits on their nearest sixteenth or eighth-note triplet
     lead_sheet: float = 0.0      # with parts: share of windows whose first bars keep only the melody and the chords
     piece_starts: float = 0.1    # share of windows that open at a piece's start (BOS), as generation from scratch does
+    kit_swaps: float = 0.0       # drums: share of windows played on another part of the kit (hats on the ride,
+                                 # snare as side stick, the other crash), so the prompt names the kit, not habit
     short_conv: int = -1         # tokens each block's short convolution reaches back (-1: the preset's, or the
                                  # fine-tuned model's; a fine-tuned model without one gets it, starting at zero)
     pitch_memory: bool = False   # every token sees the last pitch of each part (needs parts; added at zero to
@@ -125,6 +127,8 @@ class TrainConfig:
             raise OptionError("{lead_sheet} must be in 0 … 1 (got {value})", value=self.lead_sheet)
         if not 0 <= self.piece_starts <= 1:
             raise OptionError("{piece_starts} must be in 0 … 1 (got {value})", value=self.piece_starts)
+        if not 0 <= self.kit_swaps <= 1:
+            raise OptionError("{kit_swaps} must be in 0 … 1 (got {value})", value=self.kit_swaps)
         if not 0 <= self.seed < 2**31:  # the seed is combined with step counts into a 64-bit torch seed
             raise OptionError("{seed} must be between 0 and 2^31 - 1 (got {value})", value=self.seed)
         if not -1 <= self.short_conv <= 64:

@@ -13,7 +13,7 @@ import symusic
 import spemusic
 from spemusic.errors import SpemusicError
 from spemusic.tokens.tokenizer import REMITokenizer, TokenizerConfig
-from spemusic.training.data import TokenCache, WindowSampler, default_cache_dir, fixed_windows, prepare
+from spemusic.training.data import TokenCache, WindowSampler, default_cache_dir, fixed_windows, prepare, swap_kit
 
 COMMANDS = ["tokenize", "detokenize", "data", "train", "generate", "continue", "models", "eval"]
 
@@ -198,6 +198,32 @@ def test_transposition_keeps_drums_and_range():
         assert 119 <= pitch <= 127
         shifts.add(pitch - 125)
     assert min(shifts) < 0 and max(shifts) == 2
+
+
+def test_kit_swaps_exchange_drums_the_same_way_through_a_window_and_keep_the_note_order():
+    tok = REMITokenizer()
+    # hat and snare together (42 sorts after 38), ride and side stick later, a piano note between
+    tokens = ["Bar", "TimeSig_4/4", "Position_0", "Tempo_10",
+              "Program_0", "Pitch_60", "Velocity_20", "Duration_3",
+              "Program_drums", "Pitch_38", "Velocity_20", "Program_drums", "Pitch_42", "Velocity_10",
+              "Position_12", "Program_drums", "Pitch_37", "Velocity_5", "Program_drums", "Pitch_51", "Velocity_7",
+              "Position_24", "Program_drums", "Pitch_36", "Velocity_9", "EOS"]
+    ids = np.asarray(tok.tokens_to_ids(tokens), dtype=np.int64)
+    seen = set()
+    for seed in range(40):
+        out = tok.ids_to_tokens(swap_kit(ids, tok, np.random.default_rng(seed)))
+        assert out[:8] == tokens[:8] and out[-4:] == tokens[-4:]  # the piano note and the kick stay
+        onsets = (out[8:14], out[15:21])
+        for onset in onsets:  # each onset: two drum notes, pitch ascending, each with its own velocity
+            pitches = [int(t.split("_")[1]) for t in onset[1::3]]
+            assert onset[0::3] == ["Program_drums"] * 2 and pitches == sorted(pitches)
+        notes = {(out[i], out[i + 1]) for i in (9, 12, 16, 19)}
+        seen.add(frozenset(notes))
+        hats_kept = ("Pitch_42", "Velocity_10") in notes
+        assert hats_kept == (("Pitch_51", "Velocity_7") in notes)  # exchanged both ways or not at all
+        assert (("Pitch_38", "Velocity_20") in notes) == (("Pitch_37", "Velocity_5") in notes)
+    # hats and ride, snare and side stick, both, or only the crashes (none here)
+    assert len(seen) == 4
 
 
 def test_tokenize_and_detokenize_never_replace_a_file_silently(run_cli, examples, tmp_path):

@@ -366,7 +366,7 @@ class WindowSampler:
     A model with a bar echo holds the bars it opens with, so it needs more of them (train --piece-starts)."""
 
     def __init__(self, cache: TokenCache, split: str, seq_len: int, max_transpose: int = 6,
-                 lead_sheet: float = 0.0, piece_starts: float = 0.1):
+                 lead_sheet: float = 0.0, piece_starts: float = 0.1, kit_swaps: float = 0.0):
         self.tokenizer = cache.tokenizer
         self.seq_len = seq_len
         self.max_transpose = max_transpose
@@ -374,6 +374,7 @@ class WindowSampler:
             raise OptionError("{lead_sheet} needs a model with parts (melody, bridge, piano): give {parts}")
         self.lead_sheet = lead_sheet
         self.piece_starts = piece_starts
+        self.kit_swaps = kit_swaps
         self.sequences = [np.asarray(s, dtype=np.int64) for s in cache.sequences(split)]
         if not self.sequences:
             raise SpemusicError(f"{cache.path}: the {split} split is empty")
@@ -424,7 +425,45 @@ class WindowSampler:
                  for i in range(batch_size)]
         if augment:
             batch = [self.transpose(w, rng) for w in batch]
+            swap = rng.random(batch_size) < self.kit_swaps
+            batch = [swap_kit(w, self.tokenizer, rng) if swap[i] else w for i, w in enumerate(batch)]
         return np.stack(batch)
+
+
+# Parts of a kit a drummer plays the same figure on (General MIDI, and the Groove set's edge hits
+# 22 and 59): the time on the hi-hat or on the ride, the backbeat on the snare or as a side stick,
+# the accents on one crash or the other
+KIT_SWAPS = (((42, 51), (22, 59)), ((38, 37),), ((49, 57), (55, 52)))
+
+
+def swap_kit(window: np.ndarray, tokenizer: REMITokenizer, rng: np.random.Generator) -> np.ndarray:
+    """The window's drums with each of KIT_SWAPS exchanged with probability 1/2 (at least one),
+    the same way through the window, each onset's notes sorted again by (program, pitch) as the
+    tokenizer writes them. Why: a model that learns the Groove set's habits (time on the hi-hat)
+    drifts back to them from a prompt that keeps time elsewhere; the swapped windows make the
+    prompt, not the habit, tell which drum comes next."""
+    chosen = rng.random(len(KIT_SWAPS)) < 0.5
+    if not chosen.any():
+        chosen[rng.integers(len(KIT_SWAPS))] = True
+    lo, hi = tokenizer.range("Pitch")
+    table = np.arange(hi - lo)
+    for pairs in (p for p, c in zip(KIT_SWAPS, chosen) if c):
+        for a, b in pairs:
+            table[a], table[b] = b, a
+    # a drum note is Program_drums, Pitch, Velocity (no Duration)
+    starts = np.flatnonzero(window[:-2] == tokenizer.drum_program_id)
+    if len(starts) == 0:
+        return window
+    out = window.copy()
+    out[starts + 1] = lo + table[window[starts + 1] - lo]
+    # notes of one onset are contiguous: sort them by (onset, program, pitch), onset counted by
+    # the Position and Bar tokens before them
+    p_lo, p_hi = tokenizer.range("Position")
+    onset = np.cumsum((window == tokenizer.bar_id) | ((window >= p_lo) & (window < p_hi)))[starts]
+    order = np.lexsort((out[starts + 1], out[starts], onset))
+    notes = out[starts[:, None] + np.arange(3)]
+    out[starts[:, None] + np.arange(3)] = notes[order]
+    return out
 
 
 def lead_sheet(ids: np.ndarray, tokenizer: REMITokenizer, bars: int) -> np.ndarray:

@@ -761,7 +761,8 @@ def train(cfg: TrainConfig | dict, run_dir: str | Path, *, resume: bool = False,
                else ModelConfig.preset(cfg.preset, vocab_size=len(cache.tokenizer)))
     check_memory(planned, max(cfg.batch_size // world, 1), cfg.seq_len, cfg.checkpoint_activations, device,
                  cfg.valid_windows)
-    sampler = WindowSampler(cache, "train", cfg.seq_len, cfg.transpose, cfg.lead_sheet, cfg.piece_starts)
+    sampler = WindowSampler(cache, "train", cfg.seq_len, cfg.transpose, cfg.lead_sheet, cfg.piece_starts,
+                            cfg.kit_swaps)
     has_valid = bool(cache.files("valid"))
     valid = fixed_windows(cache, "valid", cfg.seq_len, cfg.valid_windows) if has_valid else None
     tokens_per_step = cfg.batch_size * cfg.grad_accum * cfg.seq_len
