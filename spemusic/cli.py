@@ -546,9 +546,6 @@ TRAIN_OPTIONS = {
                  "pattern, an accompaniment's figure). Added to an --init-from model at zero.")),
     "echo_bars": ("Model", ("With --bar-echo: the bars it reads back. Each token sees what most of them had at "
                   "its place (ties: the nearest bar), so a slip in one bar does not carry forward.")),
-    "echo_two_bars": ("Model", ("With --bar-echo over 2 bars or more: a second echo, of what most of the bars 2, 4, "
-                      "… back had at each place, for patterns two bars long. Added to an --init-from model at "
-                      "zero.")),
     "recall_lr_scale": ("Optimisation", ("The --pitch-memory and --bar-echo tables learn this many times faster than "
                         "the rest (they start at zero).")),
     "max_len": ("Model", ("Longest sequence of an absolute PE (ape, sinusoidal, axial; axial-continuous is scaled "
@@ -643,7 +640,6 @@ def train(
     pitch_memory: bool | None = _train_option("pitch_memory", "--pitch-memory/--no-pitch-memory"),
     bar_echo: bool | None = _train_option("bar_echo", "--bar-echo/--no-bar-echo"),
     echo_bars: int | None = _train_option("echo_bars", "--echo-bars"),
-    echo_two_bars: bool | None = _train_option("echo_two_bars", "--echo-two-bars/--no-echo-two-bars"),
     recall_lr_scale: float | None = _train_option("recall_lr_scale", "--recall-lr-scale"),
     seed: int | None = _train_option("seed"),
     max_len: int | None = _train_option("max_len", "--max-len"),

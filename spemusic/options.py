@@ -86,7 +86,6 @@ class TrainConfig:
                                  # a fine-tuned model without it)
     bar_echo: bool = False       # every token sees what came next at its place one bar back (added at zero)
     echo_bars: int = 1           # with bar_echo: the bars it reads back, echoing what most of them had there
-    echo_two_bars: bool = False  # with bar_echo: a second echo, of the bars 2, 4, … back (two-bar patterns)
     recall_lr_scale: float = 10.0  # the stream features' tables learn this many times faster than the rest
 
     def check(self) -> None:
@@ -116,8 +115,6 @@ class TrainConfig:
             raise OptionError("{recall_lr_scale} must be positive")
         if not 1 <= self.echo_bars <= 8:
             raise OptionError("{echo_bars} must be in 1 … 8 (got {value})", value=self.echo_bars)
-        if self.echo_two_bars and (not self.bar_echo or self.echo_bars < 2):
-            raise OptionError("{echo_two_bars} needs {bar_echo} over 2 bars or more ({echo_bars})")
         for name in ("warmup", "feature_redraw", "transpose"):
             if getattr(self, name) < 0:
                 raise OptionError("{%s} must be at least 0" % name)

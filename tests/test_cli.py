@@ -226,7 +226,6 @@ def test_kit_swaps_exchange_drums_the_same_way_through_a_window_and_keep_the_not
     assert len(seen) == 4
 
 
-
 def test_tokenize_and_detokenize_never_replace_a_file_silently(run_cli, examples, tmp_path):
     mid = tmp_path / "piano.mid"
     mid.write_bytes(examples["piano"].read_bytes())

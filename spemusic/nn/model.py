@@ -96,13 +96,11 @@ class ModelConfig:
     # what the model is told about its own stream (spemusic.nn.recall); empty: none, as in models
     # trained before them. Pitch memory: the Program ids whose last pitch every token sees, and
     # `pitch_range` the Pitch ids [lo, hi). Bar echo: [Bar id, first Position id, last + 1], and
-    # `echo_bars` the bars it reads back (what most of them had at each place); `echo_two_bars`, a
-    # second echo of the bars 2, 4, … back (a pattern two bars long).
+    # `echo_bars` the bars it reads back (what most of them had at each place).
     pitch_memory: list = field(default_factory=list)
     pitch_range: list = field(default_factory=lambda: [0, 0])
     bar_echo: list = field(default_factory=list)
     echo_bars: int = 1
-    echo_two_bars: bool = False
 
     def __post_init__(self):
         if self.attention not in ATTENTION_OPTIONS:
@@ -131,8 +129,6 @@ class ModelConfig:
                                 f"not {self.bar_echo!r}")
         if not isinstance(self.echo_bars, int) or isinstance(self.echo_bars, bool) or not 1 <= self.echo_bars <= 8:
             raise SpemusicError(f"model config: echo_bars must be an integer in 1 … 8, not {self.echo_bars!r}")
-        if self.echo_two_bars not in (False, True) or (self.echo_two_bars and (not self.bar_echo or self.echo_bars < 2)):
-            raise SpemusicError("model config: echo_two_bars needs a bar echo over 2 bars or more")
         for name in ("gated", "share_pe"):
             if not isinstance(getattr(self, name), bool):
                 raise SpemusicError(f"model config: {name} must be true or false, not {getattr(self, name)!r}")
@@ -150,7 +146,7 @@ class ModelConfig:
             per_code = (2 * self.kernel_size if self.pe == "convspe" else 3 * self.n_sines) * d
             spe = per_code * (1 if self.share_pe else L)
         absolute = self.max_len * d if self.pe in ("ape", "sinusoidal") else 0
-        recall = 129 * len(self.pitch_memory) + (self.vocab_size + 1) * (bool(self.bar_echo) + self.echo_two_bars)
+        recall = 129 * len(self.pitch_memory) + (self.vocab_size + 1 if self.bar_echo else 0)
         return (self.vocab_size + recall) * d + L * per_block + spe + absolute
 
     @property
@@ -431,10 +427,6 @@ class Performer(nn.Module):
         if cfg.bar_echo:  # row V: no echo
             self.bar_echo = nn.Embedding(cfg.vocab_size + 1, cfg.d_model)
             nn.init.zeros_(self.bar_echo.weight)
-        self.bar_echo2: nn.Embedding | None = None
-        if cfg.echo_two_bars:  # the echo of the bars 2, 4, … back
-            self.bar_echo2 = nn.Embedding(cfg.vocab_size + 1, cfg.d_model)
-            nn.init.zeros_(self.bar_echo2.weight)
         self.drop = nn.Dropout(cfg.dropout)
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
         self.ln_f = nn.LayerNorm(cfg.d_model)
@@ -511,10 +503,7 @@ class Performer(nn.Module):
         if self.bar_echo is not None:
             bar_id, lo, hi = self.cfg.bar_echo
             echo, after["echo"] = echo_ids(ids, carry.get("echo"), bar_id, (lo, hi), self.cfg.vocab_size,
-                                           self.cfg.echo_bars, self.cfg.echo_two_bars)
-            if self.bar_echo2 is not None:
-                x = x + self.bar_echo2(echo[..., 1]).to(x.dtype)
-                echo = echo[..., 0]
+                                           self.cfg.echo_bars)
             x = x + self.bar_echo(echo).to(x.dtype)
         return self.drop(x), after
 

@@ -54,15 +54,13 @@ def pitch_memory(ids: torch.Tensor, carry: torch.Tensor | None, programs: torch.
 
 
 def bar_echo(ids: torch.Tensor, tail: torch.Tensor | None, bar_id: int, position_range, none_id: int,
-             bars: int = 1, two_bars: bool = False) -> tuple:
+             bars: int = 1) -> tuple:
     """For ids (B, T), the token that followed one bar earlier at each one's place, or at the last
     place before it (B, T), `none_id` where the bar before is not in the context; with `bars` > 1,
     the token most of the last `bars` bars had there (ties: the nearest bar's). And the tail to
     carry (B, ECHO_CONTEXT): the last tokens, -1 before the start of the piece. `tail` None: the ids
     open the context (a training window). What comes before the context's first Bar (BOS, or a
-    bar cut by the window) is never echoed. `two_bars`: (B, T, 2), that echo and the one of the bars
-    2, 4, … back (what most of them had there), for a pattern two bars long (a figure and its
-    answer, a variation every second bar), which the nearest bars echo wrongly every other bar."""
+    bar cut by the window) is never echoed."""
     B, T = ids.shape
     seq = ids if tail is None else torch.cat([tail, ids], 1)
     N = seq.shape[1]
@@ -84,10 +82,7 @@ def bar_echo(ids: torch.Tensor, tail: torch.Tensor | None, bar_id: int, position
     keep = seq[:, -ECHO_CONTEXT:]
     if keep.shape[1] < ECHO_CONTEXT:
         keep = torch.cat([keep.new_full((B, ECHO_CONTEXT - keep.shape[1]), -1), keep], 1)
-    held = _most_held(echoes, none_id)
-    if two_bars:
-        held = torch.stack([held, _most_held(echoes[..., 1::2], none_id)], -1)
-    return held, keep
+    return _most_held(echoes, none_id), keep
 
 
 def _sweep(pos: torch.Tensor, is_pos: torch.Tensor, in_onset: torch.Tensor, last_bar: torch.Tensor) -> torch.Tensor:

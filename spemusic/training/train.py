@@ -54,9 +54,9 @@ def with_vocabulary(model: Performer, old: REMITokenizer, new: REMITokenizer, li
     return wider
 
 
-def bar_echo_config(tokenizer: REMITokenizer, bars: int = 1, two_bars: bool = False) -> dict:
+def bar_echo_config(tokenizer: REMITokenizer, bars: int = 1) -> dict:
     """The model config fields of a bar echo over the tokenizer's bars and positions, `bars` back."""
-    return {"bar_echo": [tokenizer.bar_id, *tokenizer.range("Position")], "echo_bars": bars, "echo_two_bars": two_bars}
+    return {"bar_echo": [tokenizer.bar_id, *tokenizer.range("Position")], "echo_bars": bars}
 
 
 def pitch_memory_config(tokenizer: REMITokenizer) -> dict:
@@ -125,7 +125,7 @@ def decay_groups(model: torch.nn.Module, legacy: bool = False) -> tuple[list, li
 # gently: at the model's learning rate they would take thousands of steps to say anything (100
 # steps at 8e-5 left pop-piano's melody intervals as they were), so they learn faster
 # (TrainConfig.recall_lr_scale times the rate).
-RECALL_PARAMETERS = ("pitch_memory.weight", "bar_echo.weight", "bar_echo2.weight")
+RECALL_PARAMETERS = ("pitch_memory.weight", "bar_echo.weight")
 
 
 def build_optimizer(model: Performer, lr: float, weight_decay: float, device: torch.device,
@@ -432,7 +432,7 @@ def model_config(run: Run, base_model: Performer | None, tokenizer: REMITokenize
         return ModelConfig.from_dict(run.record["model"])
     if base_model is None:
         recall = {**(pitch_memory_config(tokenizer) if cfg.pitch_memory else {}),
-                  **(bar_echo_config(tokenizer, cfg.echo_bars, cfg.echo_two_bars) if cfg.bar_echo else {})}
+                  **(bar_echo_config(tokenizer, cfg.echo_bars) if cfg.bar_echo else {})}
         extra = {"short_conv": cfg.short_conv} if cfg.short_conv >= 0 else {}
         return ModelConfig.preset(cfg.preset, vocab_size=len(tokenizer), **recall, pe=cfg.pe, gated=cfg.gated,
                                   attention=cfg.attention, max_len=cfg.max_len or max(cfg.seq_len, 2048), **extra)
@@ -445,7 +445,7 @@ def model_config(run: Run, base_model: Performer | None, tokenizer: REMITokenize
     if cfg.pitch_memory and not model_cfg.pitch_memory:  # (a model that has them keeps its own)
         model_cfg = replace(model_cfg, **pitch_memory_config(tokenizer))
     if cfg.bar_echo:  # added, or read over `echo_bars` bars from now on
-        model_cfg = replace(model_cfg, **bar_echo_config(tokenizer, cfg.echo_bars, cfg.echo_two_bars))
+        model_cfg = replace(model_cfg, **bar_echo_config(tokenizer, cfg.echo_bars))
     if model_cfg.has_absolute_pe and cfg.seq_len > model_cfg.max_len:
         raise OptionError("{seq_len} {n} is past {model}'s absolute positions ({limit}); SPE models have no such "
                           "limit", n=cfg.seq_len, model=cfg.init_from, limit=model_cfg.max_len)
