@@ -13,7 +13,7 @@
    least 4 bars; cosine similarity of
    the onset-position × drum-pitch histogram of each quarter of the continuation to the prompt's
    (the SPE paper's groove experiment): the last quarter should stay close to the first. Beside
-   it, the same against the whole source piece, as measured before 2026-12-06.
+   it, the same against the whole source piece, which holds the real next bars themselves.
 
    Real reference: the same quarters of the pieces' own next bars (where a piece is long enough).
    The last/first ratio comes with a bootstrap 90% interval over prompts.
@@ -85,8 +85,8 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=64)
     ap.add_argument("--bars", type=int, default=16)
     ap.add_argument("--per-prompt", type=int, default=4, help="continuations per groove prompt (one batch)")
-    ap.add_argument("--scratch", type=int, default=192, help="groove pieces of 8 bars from scratch (64 are too few: "
-                    "one model's backbeat share went 0.32, 0.38, 0.41 by the draw)")
+    ap.add_argument("--scratch", type=int, default=192, help="groove pieces of 8 bars from scratch (fewer swing by "
+                    "the draw: docs/groove-history.md, v5)")
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--only", choices=("pop-piano", "groove"))
     ap.add_argument("--pop-model", default="pop-piano")
@@ -363,7 +363,7 @@ def groove(args, opts) -> dict:
     sources = [np.asarray(s) for s in cache.sequences("valid") if np.count_nonzero(np.asarray(s) == tok.bar_id) >= 4]
     sources = sources[:: max(1, len(sources) // args.prompts)][: args.prompts]
     sims, real, backbone = [], [], []
-    whole, whole_real = [], []  # against the whole source piece, as measured before 2026-12-06
+    whole, whole_real = [], []  # the same against the whole source piece
     t0 = time.perf_counter()
     for i, src in enumerate(sources):
         bars = np.flatnonzero(src == tok.bar_id)

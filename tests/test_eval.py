@@ -94,10 +94,10 @@ def test_continuation_similarity_per_quarter():
     assert sims == pytest.approx([1.0] * 4)
     # one that switches to other drums in its second half drops there
     other = beat[:16] + [(b, p, 42, True) for b in range(4, 8) for p in (0, 6, 12, 18)]
-    sims = continuation_similarity(source, _ids(tok, other, bars=8), tok, prompt_bars=0)
+    changed = _ids(tok, other, bars=8)
+    sims = continuation_similarity(source, changed, tok, prompt_bars=0)
     assert sims[0] == pytest.approx(1.0) and sims[3] < 0.2
     # against its first bars only (the prompt), a source that changes later does not count its change
-    changed = _ids(tok, other, bars=8)
     assert continuation_similarity(changed, source, tok, prompt_bars=2, reference_bars=2) == pytest.approx([1.0] * 4)
     assert continuation_similarity(changed, source, tok, prompt_bars=2)[0] < 0.95
     g = note_grid(source, tok)
