@@ -425,8 +425,9 @@ class WindowSampler:
                  for i in range(batch_size)]
         if augment:
             batch = [self.transpose(w, rng) for w in batch]
-            swap = rng.random(batch_size) < self.kit_swaps
-            batch = [swap_kit(w, self.tokenizer, rng) if swap[i] else w for i, w in enumerate(batch)]
+            if self.kit_swaps:  # (drawn only then: runs without it draw the windows they always did)
+                swap = rng.random(batch_size) < self.kit_swaps
+                batch = [swap_kit(w, self.tokenizer, rng) if swap[i] else w for i, w in enumerate(batch)]
         return np.stack(batch)
 
 
