@@ -835,6 +835,17 @@ def _say_which_checkpoint(name_or_path) -> None:
         err.print(f"model: {escape(which)}", highlight=False)
 
 
+def _announce_compiling() -> None:
+    """Say so when the generation step is compiled for this machine (once: the result is kept)."""
+    from .nn import step_graph
+
+    def note():
+        err.print("note: compiling the generation step for this machine, once (about half a minute; kept in "
+                  f"{escape(str(step_graph.cache_dir()))})", highlight=False)
+
+    step_graph.on_compile = note
+
+
 def _sampling_progress(total: int | None, disable: bool) -> Progress:
     return _progress(TextColumn("[bold]sampling"), BarColumn(), TextColumn("{task.completed} tokens"),
                      TextColumn("{task.fields[bars]} bars"), TextColumn("{task.fields[tps]} tok/s"),
@@ -1181,6 +1192,7 @@ def _generate_or_continue(model_name, prompt_path, prompt_bars, config, temperat
     _set_part_programs(tok, part_programs)
     config = replace(config, options=_sampling_options(info, temperature, top_k, **asked))
     _say_which_checkpoint(model_name)
+    _announce_compiling()
     config.check(tok)  # the chords, meter, tempo and parts refused before any work when the model lacks them
     if prompt is not None and tok.config != REMITokenizer().config:
         prompt = load_prompt(prompt_path, tok, prompt_bars, beats, from_bar)
@@ -1295,6 +1307,7 @@ def accompany(
     net, tok, info = load_model(model, device=device, return_info=True)
     _set_part_programs(tok, part_programs)
     _say_which_checkpoint(model)
+    _announce_compiling()
     held = load_melody(melody, tok, track, beats)
     config = replace(config, options=_sampling_options(info, temperature, top_k, **asked))
     config.check(tok)
@@ -1427,6 +1440,7 @@ def play(
     net, tok, info = load_model(model or "pop-piano", return_info=True)
     options = _sampling_options(info, temperature, 0, **asked)
     _say_which_checkpoint(model)
+    _announce_compiling()
     if prompt is not None:  # read again only when the model's tokenizer differs from the default
         prompt_ids = (loaded if tok.config == REMITokenizer().config else load_prompt(prompt, tok)).ids
     player = Player(midi_out=midi_out, audio_out=audio_out, soundfont=font)

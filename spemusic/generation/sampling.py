@@ -16,6 +16,7 @@ import torch
 from ..errors import MidiError, OptionError
 from ..nn.device import cpu_has_fast_bf16
 from ..nn.model import Performer
+from ..nn.step_graph import StepGraph
 from ..tokens.grammar import BAR, CHORD, NOTE_END, POSITION, PROGRAM, TIMESIG, GrammarState, REMIGrammar
 from ..tokens.tokenizer import TEMPO, REMITokenizer
 from .cache import ContinuousCache
@@ -401,6 +402,8 @@ class _Decoder:
         logits, self.state, *hidden = model.prime(prompt, weights_dtype=weights_dtype, all_logits=False,
                                                   want_hidden=options.repeat > 0)
         self.logits = logits[:, -1]
+        # the compiled step where this machine and model allow it (same function, a few times faster)
+        self.step = StepGraph.of(model, self.state) or model.step
         if options.repeat > 0:
             self.memory = ContinuousCache(options.cache(), tokenizer, prompt.shape[0], model.cfg.d_model,
                                           prompt.device)
@@ -414,10 +417,10 @@ class _Decoder:
 
     def feed(self, ids: torch.Tensor, tags: torch.Tensor | None = None) -> None:
         if self.memory is None:
-            self.logits, self.state = self.model.step(self.state, ids)
+            self.logits, self.state = self.step(self.state, ids)
             return
         self.memory.add(self.hidden[:, None], ids[:, None], None if tags is None else tags[:, None])
-        self.logits, self.state, self.hidden = self.model.step(self.state, ids, want_hidden=True)
+        self.logits, self.state, self.hidden = self.step(self.state, ids, want_hidden=True)
 
 
 def chords_in_force(ids: torch.Tensor, tokenizer: REMITokenizer) -> torch.Tensor:

@@ -1,0 +1,351 @@
+"""The recurrent step compiled ahead of time: a token in about the time its weights take to read.
+
+`Performer.step` runs a token as ~1,400 small PyTorch operations. At batch 1 on a CPU each costs
+microseconds of Python and dispatch whatever its size, and together they cost several times the
+reading of the weights, which is all a token must do (benchmarks/step_profile.py). `StepGraph`
+computes the same function with three programs compiled by AOTInductor (`torch.export`, then
+inductor's C++ in a shared library), each a few fused loops:
+
+* the input: the token's embedding, its bar echo, and the sineSPE code at t (closed form; the
+  position is a float64 input, so one program serves every position). The echo is incremental:
+  the keys of the tokens before are carried with them, so a token computes only its own key and
+  searches the carried ones (the parallel path recomputes every key of its 2,048-token context);
+* a layer, run once per layer on that layer's weights and state;
+* the head: the final norm and the logits.
+
+Each updates its inputs in place (the token's activations, the layer's attention state and
+short-convolution history, the echo's carry), so the calls pass the same tensors every token and
+the State stays a `State`: it can be cloned or stepped by `Performer.step` at any time.
+
+At batch 1 the products with the weights are multiply-and-sum loops, which read half-precision
+weights faster than `F.linear`'s matrix-vector product on a CPU; larger batches use matrix
+products. Compiling takes seconds once per model shape, batch and machine; the programs are
+kept in the user's cache (`cache_dir()`), so later runs load them in milliseconds.
+
+Served: FAVOR+ models with sineSPE shared by the layers (or no positional encoding), with or
+without the bar echo and the short convolution: both shipped models. Other models, machines
+where compiling is unavailable (no C++ compiler, TORCH_COMPILE_DISABLE=1, SPEMUSIC_COMPILE=0) and
+failed compiles run `Performer.step` (`StepGraph.unavailable` says why). Rounding differs from
+`Performer.step` in the last bits; the same seed gives the same tokens on the same machine
+(tests/test_step_graph.py; the distributions' agreement: benchmarks/generation.py).
+"""
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+import tempfile
+import warnings
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+import torch.utils._pytree as pytree
+
+from spemusic.nn import compiled, recall
+from spemusic.nn.attention import EPS
+from spemusic.nn.recurrent import State
+
+__all__ = ["StepGraph", "cache_dir"]
+
+# called (no arguments) before a step is compiled on this machine for the first time: the
+# command line says what the wait is
+on_compile = None
+
+
+def cache_dir() -> Path:
+    """Where compiled steps are kept: $SPEMUSIC_CACHE, else $XDG_CACHE_HOME/spemusic, else
+    ~/.cache/spemusic; in its `steps` folder."""
+    root = os.environ.get("SPEMUSIC_CACHE") or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "spemusic"
+    return Path(root) / "steps"
+
+
+# --------------------------------------------------------------------------- the programs
+
+
+def _linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+    """x (B, n) fp32 @ w (m, n).T + b, accumulated in fp32: at batch 1 a multiply-and-sum (one
+    vectorised loop reading w once), above it a matrix product that reuses each row of w."""
+    if x.shape[0] == 1:
+        y = (x[:, None, :] * w.float()).sum(-1)
+    else:
+        y = F.linear(x.to(w.dtype), w).float()
+    return y if b is None else y + b.float()
+
+
+def _norm(x: torch.Tensor, norm: tuple) -> torch.Tensor:
+    weight, bias, eps = norm
+    return F.layer_norm(x, x.shape[-1:], weight, bias, eps)
+
+
+def _echo(ids: torch.Tensor, carry: dict, cfg: tuple) -> torch.Tensor:
+    """recall.bar_echo for one token per row, ids (B,), `carry` updated in place: the last
+    ECHO_CONTEXT tokens with their keys and the index of their bar's Bar token, and the running
+    counts a key is made of. Indices count from the first token the carry was made from."""
+    bar_id, lo, hi, none_id, bars = cfg
+    n = carry["n"]  # (B,) this token's index
+    is_bar, is_pos = ids == bar_id, (ids >= lo) & (ids < hi)
+    bar = carry["bar"] + is_bar.long()
+    last_bar = torch.where(is_bar, n, carry["last_bar"])
+    last_pos = torch.where(is_pos, n, carry["last_pos"])
+    pos_val = torch.where(is_pos, ids - lo + 1, carry["pos_val"])
+    in_onset = last_pos > last_bar
+    pos = torch.where(in_onset, pos_val, 0)
+    place = (n - torch.maximum(last_bar, last_pos)).clamp(max=recall.ECHO_PLACES - 1)
+    again = carry["again"] + (is_pos & carry["in_onset"] & (pos <= carry["pos"])).long()
+    again_at_bar = torch.where(is_bar, again, carry["again_at_bar"])
+    sweep = (again - again_at_bar).clamp(0, recall.ECHO_SWEEPS - 1)
+    width = recall.ECHO_SWEEPS * (hi - lo + 1) * recall.ECHO_PLACES
+    mine = torch.where(bar >= 1, bar * width + (sweep * (hi - lo + 1) + pos) * recall.ECHO_PLACES + place, -1)
+    # this token's context: the carried tokens and itself. A bar whose Bar token has left it is
+    # not echoed, as in the parallel path's window.
+    seq = torch.cat([carry["ids"], ids[:, None]], 1)
+    bar_at = torch.cat([carry["bar_at"], last_bar[:, None]], 1)
+    keys = torch.cat([carry["keys"], mine[:, None]], 1)
+    keys = torch.where(bar_at >= (n - recall.ECHO_CONTEXT)[:, None], keys, -1)
+    N = seq.shape[1]
+    wanted = mine[:, None] - width * torch.arange(1, bars + 1, device=ids.device)
+    at = (torch.searchsorted(keys, wanted, right=True) - 1).clamp(0, N - 2)
+    found = (wanted >= 0) & (keys.gather(1, at) // width == wanted // width)
+    echoes = torch.where(found, seq.gather(1, at + 1), none_id)
+    if bars > 1:  # recall._most_held
+        ok = echoes != none_id
+        votes = ((echoes[:, :, None] == echoes[:, None, :]) & ok[:, None, :]).sum(-1) * ok
+        nearest_first = torch.arange(bars - 1, -1, -1, device=ids.device)
+        echo = echoes.gather(1, (votes * bars + nearest_first).argmax(-1, keepdim=True))[:, 0]
+    else:
+        echo = echoes[:, 0]
+    new = {"ids": seq[:, 1:], "keys": torch.cat([carry["keys"][:, 1:], mine[:, None]], 1), "bar_at": bar_at[:, 1:],
+           "n": n + 1, "bar": bar, "last_bar": last_bar, "last_pos": last_pos, "pos_val": pos_val,
+           "in_onset": in_onset, "pos": pos, "again": again, "again_at_bar": again_at_bar}
+    for name, value in new.items():
+        carry[name].copy_(value)
+    return echo
+
+
+def _input(ids: torch.Tensor, t: torch.Tensor, x: torch.Tensor, code: torch.Tensor | None,
+           carry: dict | None, P: dict) -> None:
+    """The token ids (B,) at position t () float64 -> x (B, d): its embedding (and bar echo); code
+    (2, H, D, R): the sineSPE code [Q̄_t; K̄_t] (SineSPE.code_at). Written in place."""
+    emb = P["tok"][ids]
+    if carry is not None:
+        emb = emb + P["echo_rows"][_echo(ids, carry, P["echo_cfg"])]
+    x.copy_(emb)
+    if code is not None:
+        _, H, D, R = code.shape
+        f = torch.sin(torch.remainder(P["spe_offs"] + P["spe_f2pi"] * t, 2 * math.pi).float())  # (H, D, 2, K, 2)
+        qk = (f.view(H * D, 2, -1, 1) * P["spe_z"][:, None]).sum(-2)  # (H·D, 2, R)
+        code.copy_(qk.view(H, D, 2, R).permute(2, 0, 1, 3))
+
+
+def _layer(x: torch.Tensor, S: torch.Tensor, hist: torch.Tensor | None, code: torch.Tensor | None,
+           L: dict) -> None:
+    """Block.step in place: x (B, d), S (B, H, M, D+1) FAVOR+'s state, hist (B, K, d) the short
+    convolution's last inputs (newest first), code as `_input` wrote it."""
+    B, d = x.shape
+    H, D = L["dims"]
+    h = x
+    if hist is not None:
+        h = x + (hist * L["shift"]).sum(1)
+        hist.copy_(torch.cat([x[:, None], hist[:, :-1]], 1))
+    q, k, v = _linear(_norm(h, L["ln1"]), *L["qkv"]).view(B, 3, H, D).unbind(1)
+    if code is not None:
+        qbar, kbar = code[0], code[1]
+        if "gate" in L:  # gated SPE: √(1-g) ⊙ code + √g ⊙ ε
+            a, c = L["gate"]
+            qbar, kbar = a * qbar + c * L["eps"], a * kbar + c * L["eps"]
+        q, k = (q[..., None] * qbar).sum(-2), (k[..., None] * kbar).sum(-2)  # q̂, k̂ (B, H, R)
+    omega_t = L["omega_t"]  # (dk, M), data scaling folded in
+    pq, pk = (q[..., None] * omega_t).sum(-2), (k[..., None] * omega_t).sum(-2)
+    qf = (pq - pq.amax(-1, keepdim=True)).exp()
+    kf = (pk - (L["key_scale"] * (k * k).sum(-1, keepdim=True) + L["key_offset"])).exp()
+    v1 = torch.cat([v, torch.ones_like(v[..., :1])], -1)  # [v, 1]: the last column sums the normaliser
+    s = S + kf[..., :, None] * v1[..., None, :]
+    S.copy_(s)
+    out = (qf[..., :, None] * s).sum(-2)
+    h = h + _linear((out[..., :D] / (out[..., D:] + EPS)).reshape(B, d), *L["out"])
+    x.copy_(h + _linear(F.gelu(_linear(_norm(h, L["ln2"]), *L["ff1"])), *L["ff2"]))
+
+
+def _head(x: torch.Tensor, P: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """-> (logits (B, V), the final-normed state (B, d))."""
+    h = _norm(x, P["ln_f"])
+    return _linear(h, P["tok"], None), h
+
+
+class _Fn(torch.nn.Module):
+    """A function as the module torch.export takes."""
+
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, *args):
+        return self.fn(*args)
+
+
+_SOURCE = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:16]
+# inductor's settings for these programs: a pointwise chain is materialised before a product
+# reads it instead of being recomputed for every row of the weights (gelu's erf for each of
+# d_ff's rows cost 3x the product)
+_INDUCTOR = {"realize_opcount_threshold": 4}
+
+
+class _Program:
+    """fn compiled by AOTInductor for these arguments' shapes (loaded from the cache when there),
+    run on exactly these tensors: `run()` after writing the new inputs into them."""
+
+    def __init__(self, fn, args: tuple, name: str):
+        leaves, spec = pytree.tree_flatten((args, {}))
+        self.flat = [x for x in leaves if isinstance(x, torch.Tensor)]
+        shapes = [(tuple(x.shape), str(x.dtype)) if isinstance(x, torch.Tensor) else repr(x) for x in leaves]
+        key = repr((name, str(spec), shapes, _SOURCE, torch.__version__, torch.backends.cpu.get_cpu_capability(),
+                    sorted(_INDUCTOR.items())))
+        path = cache_dir() / f"{name}-{hashlib.sha256(key.encode()).hexdigest()[:20]}.pt2"
+        if not path.exists():
+            global on_compile
+            if on_compile is not None:  # once a process
+                announce, on_compile = on_compile, None
+                announce()
+            self._compile(fn, args, path)
+        with warnings.catch_warnings():  # (torch's own deprecation notices, on unpickling its tree specs)
+            warnings.simplefilter("ignore", FutureWarning)
+            self.loader = torch._inductor.aoti_load_package(str(path)).loader
+
+    @staticmethod
+    def _compile(fn, args, path: Path) -> None:
+        # export traces on copies outside inference mode (the state's tensors may be inference
+        # tensors, which export cannot mutate)
+        with torch.inference_mode(False), torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            copies = pytree.tree_map(lambda x: x.clone() if isinstance(x, torch.Tensor) else x, args)
+            program = torch.export.export(_Fn(fn), copies, strict=False)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
+                out = torch._inductor.aoti_compile_and_package(program, package_path=str(Path(tmp) / path.name),
+                                                               inductor_configs=dict(_INDUCTOR))
+                os.replace(out, path)  # whole or not at all, whatever runs beside it
+
+    def run(self):
+        return self.loader.run(self.flat)
+
+
+class StepGraph:
+    """`Performer.step` for one State, on compiled programs (see the module doc). Make it with
+    `StepGraph.of`, which answers None where the step cannot be compiled."""
+
+    _failure: str | None = None  # why compiling failed in this process, once it has
+
+    @staticmethod
+    def serves(model) -> bool:
+        cfg = model.cfg
+        return (cfg.attention == "favor" and (cfg.pe == "none" or (cfg.pe == "sinespe" and cfg.share_pe))
+                and not cfg.pitch_memory and model.abs_pe is None and model.device.type == "cpu")
+
+    @classmethod
+    def unavailable(cls) -> str | None:
+        """Why steps run uncompiled in this process (None: they are compiled where served)."""
+        if os.environ.get("SPEMUSIC_COMPILE", "").strip() == "0":
+            return "SPEMUSIC_COMPILE=0"
+        return compiled.unavailable() or cls._failure
+
+    @classmethod
+    def of(cls, model, state: State) -> StepGraph | None:
+        """The compiled step of `state` (its tensors become the programs' own), or None where the
+        model is not served or compiling is unavailable or fails (warned once)."""
+        if not cls.serves(model) or cls.unavailable() is not None:
+            return None
+        try:
+            return cls(model, state)
+        except Exception as e:  # noqa: BLE001 - export's and inductor's errors share no base class
+            first = str(e).strip().splitlines()[0][:120] if str(e).strip() else ""
+            cls._failure = f"compiling the step failed ({type(e).__name__}: {first}); it runs uncompiled"
+            warnings.warn(cls._failure, stacklevel=2)
+            return None
+
+    @torch.no_grad()
+    def __init__(self, model, state: State):
+        cfg, plan = model.cfg, state.plan
+        B, H, D = state.batch_size, cfg.n_heads, cfg.d_head
+        detach = lambda t: t.detach().contiguous()  # noqa: E731
+        P = {"tok": detach(model.tok.weight.float()),
+             "ln_f": (detach(model.ln_f.weight), detach(model.ln_f.bias), model.ln_f.eps)}
+        self.code = None
+        if cfg.uses_spe:
+            tables = state.pe[0]
+            P.update(spe_offs=detach(tables.offs), spe_f2pi=detach(tables.f2pi), spe_z=detach(tables.z))
+            self.code = torch.zeros(2, H, D, cfg.n_realizations)
+        self.carry = None
+        if model.bar_echo is not None:
+            bar_id, lo, hi = cfg.bar_echo
+            P.update(echo_rows=detach(model.bar_echo.weight.float()),
+                     echo_cfg=(bar_id, lo, hi, cfg.vocab_size, cfg.echo_bars))
+            self.carry = _echo_carry((state.recall or {}).get("echo"), B, bar_id, lo, hi)
+            state.recall = {"echo": self.carry["ids"]}  # the same tensor, kept current by the program
+        self.ids = torch.zeros(B, dtype=torch.long)
+        self.t = torch.zeros((), dtype=torch.float64)
+        self.x = torch.zeros(B, cfg.d_model)
+        self.state = state
+        for i in range(cfg.n_layers):  # the programs write the state's own tensors
+            state.layers[i] = state.layers[i].contiguous()
+            if cfg.short_conv:
+                state.histories[i] = state.histories[i].contiguous()
+        layers = []
+        for blk, lp in zip(model.blocks, plan.layers):
+            L = {"dims": (H, D), "ln1": (detach(blk.ln1.weight), detach(blk.ln1.bias), blk.ln1.eps),
+                 "ln2": (detach(blk.ln2.weight), detach(blk.ln2.bias), blk.ln2.eps),
+                 "qkv": lp.qkv, "out": lp.out, "ff1": lp.ff[0], "ff2": lp.ff[1], "omega_t": lp.omega_t,
+                 "key_scale": lp.key_scale, "key_offset": lp.key_offset.view(())}
+            if lp.gate is not None:
+                g = detach(blk.attn.filter.gate_values())
+                L.update(gate=(torch.sqrt(1 - g)[..., None], torch.sqrt(g)[..., None]), eps=plan.codes[0].eps)
+            if blk.shift is not None:
+                L["shift"] = detach(blk.shift.float())[None]  # (1, K, d)
+            layers.append(L)
+        hist = lambda i: state.histories[i] if cfg.short_conv else None  # noqa: E731
+        tag = f"{cfg.vocab_size}v{cfg.n_layers}x{cfg.d_model}-b{B}-{str(plan.weights_dtype).split('.')[-1]}"
+        self.input = _Program(_input, (self.ids, self.t, self.x, self.code, self.carry, P), f"input-{tag}")
+        self.layers = [_Program(_layer, (self.x, state.layers[i], hist(i), self.code, L), f"layer-{tag}")
+                       for i, L in enumerate(layers)]
+        self.head = _Program(_head, (self.x, P), f"head-{tag}")
+
+    @torch.no_grad()
+    def __call__(self, state: State, next_ids: torch.Tensor, want_hidden: bool = False):
+        """As Performer.step: (logits (B, V), state[, the final-normed state (B, d)])."""
+        if state is not self.state:
+            raise ValueError("a StepGraph steps the State it was made for")
+        self.ids.copy_(next_ids)
+        self.t.fill_(float(state.position))
+        self.input.run()
+        for layer in self.layers:
+            layer.run()
+        logits, hidden = self.head.run()
+        state.position += 1
+        return (logits, state, hidden) if want_hidden else (logits, state)
+
+
+def _echo_carry(tail: torch.Tensor | None, B: int, bar_id: int, lo: int, hi: int) -> dict:
+    """The echo's carry after the tokens of `tail` (B, ECHO_CONTEXT) (-1: before the piece; None:
+    nothing yet), as recall.bar_echo computes its keys over that window."""
+    C = recall.ECHO_CONTEXT
+    seq = torch.full((B, C), -1, dtype=torch.long) if tail is None else tail.clone()
+    t = torch.arange(C).expand(B, C)
+    is_bar, is_pos = seq == bar_id, (seq >= lo) & (seq < hi)
+    bar = is_bar.long().cumsum(1)
+    last_bar = torch.where(is_bar, t, -1).cummax(1).values
+    last_pos = torch.where(is_pos, t, -1).cummax(1).values
+    in_onset = last_pos > last_bar
+    pos_val = torch.where(last_pos >= 0, seq.gather(1, last_pos.clamp(min=0)) - lo + 1, 0)
+    pos = torch.where(in_onset, pos_val, 0)
+    place = (t - torch.maximum(last_bar, last_pos)).clamp(max=recall.ECHO_PLACES - 1)
+    before = torch.cat([pos.new_zeros(B, 1), pos[:, :-1]], 1)
+    was_in_onset = torch.cat([in_onset.new_zeros(B, 1), in_onset[:, :-1]], 1)
+    again = (is_pos & was_in_onset & (pos <= before)).long().cumsum(1)
+    again_at_bar = again.gather(1, last_bar.clamp(min=0))
+    sweep = (again - again_at_bar).clamp(0, recall.ECHO_SWEEPS - 1)
+    width = recall.ECHO_SWEEPS * (hi - lo + 1) * recall.ECHO_PLACES
+    key = torch.where(bar >= 1, bar * width + (sweep * (hi - lo + 1) + pos) * recall.ECHO_PLACES + place, -1)
+    last = {"bar": bar, "last_bar": last_bar, "last_pos": last_pos, "pos_val": pos_val, "in_onset": in_onset,
+            "pos": pos, "again": again, "again_at_bar": again_at_bar}
+    return {"ids": seq, "keys": key.contiguous(), "bar_at": torch.where(bar >= 1, last_bar, -1).contiguous(),
+            "n": torch.full((B,), C), **{k: v[:, -1].clone() for k, v in last.items()}}
