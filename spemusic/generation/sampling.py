@@ -30,7 +30,9 @@ def filter_logits(logits: torch.Tensor, opts: SamplingOptions, at_bar: torch.Ten
     is always kept, and ties at the cut are broken by sort order (deterministic). Rows where
     `at_bar` (B bools) is true, the step right after a Bar token, also keep the meter and tempo
     (`keep_the_meter` with `bar_top_p`; `changes`: the V bools of the tokens that change them)."""
-    logits = logits.float() / opts.temperature
+    logits = logits.float()
+    if opts.temperature != 1.0:
+        logits = logits / opts.temperature
     if opts.top_k > 0 and opts.top_k < logits.size(-1):
         kth = torch.topk(logits, opts.top_k, dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
@@ -306,9 +308,10 @@ def trim_far_onsets(logits: torch.Tensor, states: list[GrammarState], p: float, 
     the Position tokens and the bar line), their total probability kept: whether another note
     comes at this onset stays the model's choice; only the far onsets of the tail, each unlikely
     but many together, are cut (they left holes of a beat or more: benchmarks/silence_sources.py)."""
-    rows = torch.tensor([st.last == NOTE_END for st in states], device=logits.device)
-    if p >= 1.0 or not bool(rows.any()):
+    after_note = [st.last == NOTE_END for st in states]
+    if p >= 1.0 or not any(after_note):
         return logits
+    rows = torch.tensor(after_note, device=logits.device)
     sub = logits[:, onsets]
     drop = outside_nucleus(sub, p)
     kept_mass = torch.softmax(sub, dim=-1).masked_fill(drop, 0.0).sum(-1, keepdim=True)
@@ -338,10 +341,10 @@ def discourage_holes(logits: torch.Tensor, states: list[GrammarState], penalty: 
             if st.sounding is not None and not st.in_melody and st.last in (NOTE_END, CHORD, BAR, TIMESIG)]
     if penalty <= 0 or not rows:
         return logits
-    at = torch.arange(len(onsets), dtype=torch.float32).repeat(len(rows), 1)
-    at[:, -1] = torch.tensor([float(states[b].bar_len) for b in rows])  # the bar line: at the bar's end at best
-    sounding = torch.tensor([[float(states[b].sounding)] for b in rows])
-    hole = ((at - sounding) / beat - HOLE_TOLERANCE).clamp_min(0).to(logits.device)
+    at = np.tile(np.arange(len(onsets), dtype=np.float32), (len(rows), 1))
+    at[:, -1] = [states[b].bar_len for b in rows]  # the bar line: at the bar's end at best
+    sounding = np.array([[states[b].sounding] for b in rows], dtype=np.float32)
+    hole = torch.from_numpy(np.maximum((at - sounding) / beat - HOLE_TOLERANCE, 0)).to(logits.device)
     sub = logits[rows][:, onsets]
     penalised = sub - penalty * hole
     penalised += (torch.logsumexp(sub, -1, keepdim=True) - torch.logsumexp(penalised, -1, keepdim=True)).nan_to_num(0)
@@ -569,7 +572,8 @@ def sample(model: Performer, tokenizer: REMITokenizer, config: GenerationConfig 
             for b in pieces.going():
                 steer.favour_chord_tones(logits[b], pieces.states[b], pieces.bars_started[b])
             masked = logits.masked_fill(~torch.from_numpy(masks).to(device), float("-inf"))
-            at_bar = torch.tensor([not pieces.done[b] and st.last == BAR for b, st in enumerate(pieces.states)])
+            at_bar = [not pieces.done[b] and st.last == BAR for b, st in enumerate(pieces.states)]
+            at_bar = torch.tensor(at_bar) if any(at_bar) else None
             masked = steer_onsets(masked, pieces.steered_states(), options, onset_ids)
             probs = torch.softmax(filter_logits(masked, options, at_bar, changes), dim=-1).cpu()
             nxt = torch.multinomial(probs, 1, generator=gen).squeeze(1)
@@ -637,8 +641,8 @@ def stream_bars(model: Performer, tokenizer: REMITokenizer, *, prompt: np.ndarra
             nxt = int(masked[0].argmax())
         else:
             masked = steer_onsets(masked, [st], options, onset_ids)
-            probs = torch.softmax(filter_logits(masked, options, torch.tensor([st.last == BAR]), changes),
-                                  dim=-1).cpu()
+            at_bar = torch.tensor([True]) if st.last == BAR else None
+            probs = torch.softmax(filter_logits(masked, options, at_bar, changes), dim=-1).cpu()
             nxt = int(torch.multinomial(probs, 1, generator=gen)[0, 0])
         if nxt == tokenizer.bar_id and bar:
             yield bar

@@ -199,8 +199,9 @@ class _Program:
         leaves, spec = pytree.tree_flatten((args, {}))
         self.flat = [x for x in leaves if isinstance(x, torch.Tensor)]
         shapes = [(tuple(x.shape), str(x.dtype)) if isinstance(x, torch.Tensor) else repr(x) for x in leaves]
+        # (the loops are compiled for the number of threads in use: OpenMP's, fixed in the code)
         key = repr((name, str(spec), shapes, _SOURCE, torch.__version__, torch.backends.cpu.get_cpu_capability(),
-                    sorted(_INDUCTOR.items())))
+                    torch.get_num_threads(), sorted(_INDUCTOR.items())))
         path = cache_dir() / f"{name}-{hashlib.sha256(key.encode()).hexdigest()[:20]}.pt2"
         if not path.exists():
             global on_compile

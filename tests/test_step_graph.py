@@ -1,0 +1,128 @@
+"""The compiled step (spemusic.nn.step_graph): the same function as Performer.step on a real
+song, a State either can step, the cache, and the fall-back to the eager step."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+from spemusic.nn.model import ModelConfig, Performer
+from spemusic.nn.step_graph import StepGraph
+
+
+@pytest.fixture
+def step_cache(compiling, tmp_path_factory, monkeypatch):
+    """Compiling on, with one program cache for the session's tests (each program compiles once)."""
+    monkeypatch.setenv("SPEMUSIC_CACHE", str(tmp_path_factory.getbasetemp() / "spemusic-cache"))
+    monkeypatch.delenv("SPEMUSIC_COMPILE", raising=False)
+    monkeypatch.setattr(StepGraph, "_failure", None)
+
+
+@pytest.fixture(scope="module")
+def song(shared_data):
+    """A POP909 song in pop-piano's tokens (melody first, a chord each bar): 4,000 tokens."""
+    from spemusic.nn.checkpoint import load_model
+
+    _, tok = load_model("pop-piano")
+    d = shared_data / "pop909"
+    ids = tok.encode(d / "003.mid", beats=d / "beats" / "003.txt", chords=d / "chords" / "003.txt")
+    assert len(ids) > 4000
+    return tok, torch.from_numpy(ids[:4000]).long()
+
+
+def _model(tok, **changes) -> Performer:
+    """A small random model in pop-piano's vocabulary, with its bar echo over 4 bars, its short
+    convolution and gated sineSPE; its echo rows and convolution drawn large enough to matter."""
+    lo, hi = tok.range("Position")
+    cfg = ModelConfig.preset("tiny", vocab_size=len(tok), pe="sinespe", gated=True, short_conv=8,
+                             bar_echo=[tok.bar_id, lo, hi], echo_bars=4)
+    torch.manual_seed(0)
+    m = Performer(replace(cfg, **changes)).eval()
+    with torch.no_grad():
+        if m.bar_echo is not None:
+            m.bar_echo.weight.normal_(0.0, 1.0)
+        for blk in m.blocks:
+            if blk.shift is not None:
+                blk.shift.normal_(0.0, 0.3)
+    m.resample(5)
+    return m
+
+
+def _stepped(step, state, ids: torch.Tensor) -> torch.Tensor:
+    out = []
+    for t in range(ids.shape[1]):
+        logits, state = step(state, ids[:, t])
+        out.append(logits[:, None])
+    return torch.cat(out, 1)
+
+
+@pytest.mark.parametrize("changes", [{}, {"pe": "none", "bar_echo": [], "short_conv": 0}], ids=["pop-piano's kind", "bare"])
+def test_the_compiled_step_is_the_eager_step_on_a_real_song(song, step_cache, changes):
+    """Past a prompt longer than the bar echo's context (so bars leave it as the song goes on),
+    300 tokens one at a time give the eager step's logits and the parallel pass's, in fp32."""
+    tok, ids = song
+    m = _model(tok, **changes)
+    ids = ids[None, :2400]
+    with torch.no_grad():
+        full = m(ids)[:, 2100:]
+    _, eager_state = m.prime(ids[:, :2100])
+    _, state = m.prime(ids[:, :2100])
+    graph = StepGraph.of(m, state)
+    assert graph is not None, StepGraph.unavailable()
+    compiled = _stepped(graph, state, ids[:, 2100:])
+    eager = _stepped(m.step, eager_state, ids[:, 2100:])
+    assert (compiled - eager).abs().max().item() <= 1e-4
+    assert (compiled - full).abs().max().item() <= 1e-4
+    if m.bar_echo is not None:
+        assert torch.equal(state.recall["echo"], eager_state.recall["echo"])
+    for a, b in zip(state.layers, eager_state.layers):
+        assert ((a - b).abs().max() / b.abs().max()).item() <= 1e-5
+
+
+def test_a_state_the_compiled_step_moved_is_a_state_like_any_other(song, step_cache):
+    """From scratch, in half precision and at batch 2: the compiled step's State, cloned, goes on
+    with the eager step as the compiled one goes on with the original; a second StepGraph loads
+    the programs the first compiled, without compiling again."""
+    from spemusic.nn import step_graph
+
+    tok, ids = song
+    m = _model(tok)
+    ids = torch.stack([ids[:400], ids[1000:1400]])
+    state = m.init_state(2, weights_dtype=torch.float16)
+    graph = StepGraph.of(m, state)
+    _stepped(graph, state, ids[:, :200])
+    branch = state.clone()
+    ahead = _stepped(graph, state, ids[:, 200:])
+    behind = _stepped(m.step, branch, ids[:, 200:])
+    assert (ahead - behind).abs().max().item() <= 2e-2  # the eager step rounds its inputs to fp16
+    reference = _stepped(m.step, m.init_state(2, weights_dtype=torch.float16), ids)[:, 200:]
+    assert (ahead - reference).abs().max().item() <= 2e-2
+    calls = []
+    step_graph.on_compile = lambda: calls.append(1)
+    try:
+        again = m.init_state(2, weights_dtype=torch.float16)
+        assert StepGraph.of(m, again) is not None and calls == []
+    finally:
+        step_graph.on_compile = None
+    with pytest.raises(ValueError, match="State it was made for"):
+        graph(branch, ids[:, 0])
+
+
+def test_the_step_runs_uncompiled_where_compiling_is_off_or_fails(song, step_cache, monkeypatch, tmp_path):
+    tok, _ = song
+    m = _model(tok)
+    monkeypatch.setenv("SPEMUSIC_COMPILE", "0")
+    assert StepGraph.of(m, m.init_state(1)) is None and StepGraph.unavailable() == "SPEMUSIC_COMPILE=0"
+    monkeypatch.delenv("SPEMUSIC_COMPILE")
+    assert StepGraph.of(_model(tok, pe="ape"), m.init_state(1)) is None  # not served: the eager step
+
+    def fails(*args):
+        raise RuntimeError("no compiler here\nmore")
+
+    monkeypatch.setattr("spemusic.nn.step_graph._Program._compile", staticmethod(fails))
+    monkeypatch.setenv("SPEMUSIC_CACHE", str(tmp_path))  # nothing cached: it must compile
+    with pytest.warns(UserWarning, match=r"compiling the step failed \(RuntimeError: no compiler here\)"):
+        assert StepGraph.of(m, m.init_state(1)) is None
+    assert "no compiler here" in StepGraph.unavailable()
