@@ -1,5 +1,25 @@
-"""Generation speed: ms per token, side by side, `small` preset, batch 1.
+"""Generation speed, the whole sampling loop and the step alone, side by side in one run.
 
+Default: pop-piano with every default of `spemusic generate`, batch 1, on the code before the
+compiled step (OLD, a temporary worktree: the eager step) and on this tree (the compiled step
+where this machine can compile it), in alternating fresh processes, 2 rounds each (the best
+counts), at 1 and 2 threads:
+* ms/token of the loop after a prompt of 1k and 64k tokens (a tiled example piece), and the
+  process's memory after them;
+* the weight-read bound measured here: one row through every linear weight the step reads (the
+  blocks' and the head's), in the step's precision (fp16), each weight once, as a token must;
+* tokens/s at batch 8 against batch 1 (each side's own auto precision);
+* a model twice `small`'s width with twice its layers (random weights, pop-piano's vocabulary and
+  defaults): its ms/token and how far ahead of real time that plays at pop-piano's tokens per
+  second of music (measured on the pop-piano pieces of this run);
+* the agreement of the two steps: the KL divergence of the next-token distributions, eager
+  against compiled, on 1,000 teacher-forced positions of a real-sized piece (pop-piano's own).
+
+    python benchmarks/generation.py [--old REV] [--threads 1 2] [--tokens 600]   # ~10 min
+    python benchmarks/generation.py --attention [--threads N] [--steps 200] [--compare REV]
+
+--attention: the FAVOR+ step against a softmax KV cache and against re-running the prefix, at
+positions 1k to 64k (`small` preset, random weights):
 * favor (recurrent step, sinespe) at positions 1k, 4k, 8k, 16k, 64k: the state
   is fast-forwarded by setting ``state.position`` (the step cost does not
   depend on the state's contents: S is a fixed-size (B, H, M, D+1) tensor);
@@ -10,17 +30,11 @@
   PerformerLM when installed, at 256, 1k, 4k.
 
 Each favor and softmax point is measured twice: with the step's linear weights in fp32 (exact)
-and in fp16 (what `spemusic generate` uses by default; see benchmarks/step_precision.py for
-what it changes: nothing measurable in NLL), and the ratio softmax / favor is taken at the same
-precision. Also prints, per precision, the ms/token bound at this CPU's measured
-matrix-vector rate (the model's own Linear layers at batch 1: cache-hot, each weight 20
-times in a row; and streamed, each weight once as in a step) and the fraction achieved.
-
-    python benchmarks/generation.py [--threads N] [--steps 200] [--compare REV]
-
---compare REV: the favor step's ms/token (fp32 and fp16 weights, positions 1k and 16k) for the
-code of git revision REV (a temporary worktree) and for this tree, in alternating subprocesses (3
-rounds each; the best round counts), side by side with the ratio.
+and in fp16, and the ratio softmax / favor is taken at the same precision. Also prints, per
+precision, the ms/token bound at this CPU's measured matrix-vector rate and the fraction
+achieved. --compare REV: the favor step's ms/token (fp32 and fp16 weights, positions 1k and 16k)
+for the code of git revision REV and for this tree, in alternating subprocesses (3 rounds each;
+the best round counts), side by side with the ratio.
 """
 from __future__ import annotations
 
@@ -96,16 +110,30 @@ def matvec_rate(model, repeat: int = 1, dtype=torch.float32) -> float:
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--threads", type=int, default=1, help="torch threads (batch-1 steps are latency-bound)")
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--attention", action="store_true", help="FAVOR+ against softmax and re-running (see above)")
+    ap.add_argument("--old", default=OLD, metavar="REV", help=f"the old path's revision [default: {OLD}]")
+    ap.add_argument("--threads", type=int, nargs="+", default=None,
+                    help="torch threads [default: 1 and 2; --attention: 1]")
+    ap.add_argument("--tokens", type=int, default=600, help="tokens sampled per measurement")
     ap.add_argument("--steps", type=int, default=200)
-    ap.add_argument("--positions", type=int, nargs="+", default=[1024, 4096, 8192, 16384, 65536])
+    ap.add_argument("--positions", type=int, nargs="+", default=None)
     ap.add_argument("--rerun", type=int, nargs="+", default=[256, 1024, 4096])
-    ap.add_argument("--compare", metavar="REV", help="the favor step of git revision REV and of this tree, side by side")
-    ap.add_argument("--json", action="store_true", help=argparse.SUPPRESS)  # one measurement, for --compare
+    ap.add_argument("--compare", metavar="REV", help="--attention: the favor step of git revision REV and of this "
+                    "tree, side by side")
+    ap.add_argument("--json", action="store_true", help=argparse.SUPPRESS)  # one measurement, in a subprocess
+    ap.add_argument("--worker", help=argparse.SUPPRESS)
+    ap.add_argument("--model", default="pop-piano", help=argparse.SUPPRESS)
+    ap.add_argument("--num", type=int, default=1, help=argparse.SUPPRESS)
     args = ap.parse_args()
-    torch.set_num_threads(args.threads)
     torch.manual_seed(0)
+    if args.worker:
+        return print(json.dumps(WORKERS[args.worker](args)))
+    if not args.attention:
+        return loop_study(args)
+    args.threads = (args.threads or [1])[0]
+    args.positions = args.positions or [1024, 4096, 8192, 16384, 65536]
+    torch.set_num_threads(args.threads)
     if args.compare:
         return compare(args)
     if args.json:
@@ -197,6 +225,166 @@ def main():
 
 
 COMPARE_POSITIONS = (1024, 16384)
+OLD = "ca89b1b"  # the code before the compiled step: Performer.step, eager, at every token
+BIG = dict(d_model=512, n_layers=12, d_ff=2048, n_heads=8)  # twice small's width, twice its layers
+
+
+def rss_now_mb() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096 / 2**20
+
+
+def tiled_prompt(tok, length: int):
+    """[BOS] and the example piano piece's bars over and over, `length` tokens in all."""
+    import numpy as np
+
+    ids = tok.encode(REPO / "data" / "examples" / "piano.mid")
+    body = ids[1:-1] if ids[-1] == tok.eos_id else ids[1:]
+    return np.concatenate([ids[:1], np.resize(body, length - 1)]).astype(np.int64)
+
+
+def _load(name: str):
+    from spemusic.generation.settings import SamplingOptions
+    from spemusic.nn.checkpoint import load_model
+
+    if name == "big":  # random weights in pop-piano's vocabulary, sampled with pop-piano's defaults
+        pop, tok = load_model("pop-piano")
+        torch.manual_seed(0)
+        model = Performer(ModelConfig.from_dict({**pop.cfg.to_dict(), **BIG})).eval()
+        return model, tok, SamplingOptions.for_model("pop-piano", own=pop.sampling_defaults)
+    model, tok = load_model(name)
+    return model, tok, SamplingOptions.for_model(name, own=model.sampling_defaults)
+
+
+def loop_worker(args) -> dict:
+    """ms/token of `sample` after prompts of each position, and the memory around it (one process)."""
+    from spemusic.generation.sampling import sample
+
+    torch.set_num_threads(args.threads[0])
+    model, tok, options = _load(args.model)
+    out = {}
+    for P in args.positions:
+        prompt = tiled_prompt(tok, P)
+        before = rss_now_mb()
+        r = sample(model, tok, num=args.num, length=args.tokens, seed=1, prompt=prompt, options=options)
+        music = sum(_seconds(tok, ids) for ids in r.ids) - args.num * _seconds(tok, prompt)
+        out[P] = {"ms": r.wall_seconds / r.new_tokens * 1e3, "tok_s": r.new_tokens * args.num / r.wall_seconds,
+                  "rss_before": before, "rss_after": rss_now_mb(), "music_s": music,
+                  "tokens": sum(len(ids) - len(prompt) for ids in r.ids)}
+    return out
+
+
+def _seconds(tok, ids) -> float:
+    """Seconds of music in a piece's tokens (its MIDI's end time)."""
+    import numpy as np  # (numpy's import is the worker's, not the parent's)
+
+    midi = tok.decode(np.asarray(ids))
+    return float(midi.get_tick_to_time_mapping()[midi.max_tick])
+
+
+WORKERS = {"loop": loop_worker}
+
+
+def _worker(root, model: str, threads: int, positions, tokens: int, num: int = 1) -> dict:
+    return {int(k): v for k, v in run_json(Path(__file__), ["--worker", "loop", "--model", model, "--threads", threads,
+                                                              "--positions", *positions, "--tokens", tokens,
+                                                              "--num", num], root).items()}
+
+
+def weight_read_ms(model, dtype=torch.float16, repeat: int = 200) -> float:
+    """One row through every linear weight the step reads (the blocks' in `dtype`, the head's in
+    fp32, as the step keeps it), each once, in order: the best of 5 rounds, ms."""
+    lins = [(m.weight.detach().to(dtype), m.bias.detach().to(dtype)) for m in model.modules()
+            if isinstance(m, torch.nn.Linear)] + [(model.tok.weight.detach(), None)]
+    xs = [torch.randn(1, w.shape[1], dtype=w.dtype) for w, _ in lins]
+    best = float("inf")
+    for _ in range(5):
+        t0 = time.perf_counter()
+        for _ in range(repeat):
+            for x, (w, b) in zip(xs, lins):
+                F.linear(x, w, b)
+        best = min(best, (time.perf_counter() - t0) / repeat * 1e3)
+    return best
+
+
+def step_agreement(model, tok, positions: int = 1000) -> tuple[float, float]:
+    """(mean, max) over `positions` teacher-forced positions of KL(eager ‖ compiled) of the
+    next-token distributions, fp16 step weights, after a 1,000-token prompt."""
+    from spemusic.nn.step_graph import StepGraph
+
+    ids = torch.from_numpy(tiled_prompt(tok, 1000 + positions))[None]
+    model.resample(1)
+    with torch.inference_mode():
+        _, eager = model.prime(ids[:, :1000], weights_dtype=torch.float16)
+        _, state = model.prime(ids[:, :1000], weights_dtype=torch.float16)
+        graph = StepGraph.of(model, state)
+        if graph is None:
+            return float("nan"), float("nan")
+        kls = []
+        for t in range(1000, 1000 + positions):
+            a, eager = model.step(eager, ids[:, t])
+            b, state = graph(state, ids[:, t])
+            la, lb = a.float().log_softmax(-1), b.float().log_softmax(-1)
+            kls.append((la.exp() * (la - lb)).sum().item())
+    return sum(kls) / len(kls), max(kls)
+
+
+def loop_study(args) -> None:
+    from spemusic.nn.checkpoint import load_model
+    from spemusic.nn.step_graph import StepGraph
+
+    threads = args.threads or [1, 2]
+    positions = args.positions or [1024, 65536]
+    print(f"the sampling loop, pop-piano with generate's defaults, batch 1, {args.tokens} tokens per point; "
+          f"old: {args.old} (the eager step), new: this tree (compiled step: {StepGraph.unavailable() or 'on'}); "
+          "best of 2 rounds, alternating fresh processes")
+    pop, tok = load_model("pop-piano")
+    with checkout(args.old) as old_root:
+        best = {}
+        for n in threads:
+            for _ in range(2):
+                for side, root in (("old", old_root), ("new", REPO)):
+                    got = _worker(root, "pop-piano", n, positions, args.tokens)
+                    for P, r in got.items():
+                        key = (n, side, P)
+                        if key not in best or r["ms"] < best[key]["ms"]:
+                            best[key] = r
+        print(f"{'threads':>7} {'position':>9} {'old ms/token':>13} {'new ms/token':>13} {'speedup':>8} "
+              f"{'bound ms':>9} {'new/bound':>10} {'old MB':>7} {'new MB':>7}")
+        for n in threads:
+            torch.set_num_threads(n)
+            bound = weight_read_ms(pop)
+            for P in positions:
+                o, w = best[(n, "old", P)], best[(n, "new", P)]
+                print(f"{n:>7} {P:>9} {o['ms']:>13.3f} {w['ms']:>13.3f} {o['ms'] / w['ms']:>7.2f}x {bound:>9.3f} "
+                      f"{w['ms'] / bound:>9.2f}x {o['rss_after']:>7.0f} {w['rss_after']:>7.0f}")
+            lo, hi = best[(n, "new", positions[0])], best[(n, "new", positions[-1])]
+            print(f"{'':>7} new at {positions[-1]} against {positions[0]}: {hi['ms'] / lo['ms']:.2f}x the time, "
+                  f"{hi['rss_after'] / lo['rss_after']:.2f}x the memory")
+        torch.set_num_threads(1)
+        tokens = sum(r["tokens"] for k, r in best.items() if k[1] == "new")
+        music = sum(r["music_s"] for k, r in best.items() if k[1] == "new")
+        rate = tokens / music  # pop-piano's tokens per second of music
+        print(f"\npop-piano writes {rate:.1f} tokens a second of music (the new side's pieces above)")
+        print(f"{'':<34}{'old':>12}{'new':>12}")
+        b1 = {s: _worker(r, "pop-piano", 1, [1024], args.tokens, 1)[1024] for s, r in (("old", old_root), ("new", REPO))}
+        b8 = {s: _worker(r, "pop-piano", 1, [1024], args.tokens // 4, 8)[1024] for s, r in (("old", old_root), ("new", REPO))}
+        print(f"{'batch 1, tokens/s (1 thread)':<34}{b1['old']['tok_s']:>12.0f}{b1['new']['tok_s']:>12.0f}")
+        print(f"{'batch 8, tokens/s (1 thread)':<34}{b8['old']['tok_s']:>12.0f}{b8['new']['tok_s']:>12.0f}")
+        print(f"{'batch 8 / batch 1':<34}{b8['old']['tok_s'] / b1['old']['tok_s']:>11.2f}x"
+              f"{b8['new']['tok_s'] / b1['new']['tok_s']:>11.2f}x")
+        big = {}
+        for n in threads:
+            for s, r in (("old", old_root), ("new", REPO)):
+                big[(n, s)] = _worker(r, "big", n, [1024], args.tokens // 2)[1024]["ms"]
+        params = sum(p.numel() for p in Performer(ModelConfig.from_dict({**pop.cfg.to_dict(), **BIG})).parameters())
+        for n in threads:
+            print(f"{f'{params / 1e6:.0f}M-parameter model, ms/token ({n} thr)':<34}{big[(n, 'old')]:>12.3f}"
+                  f"{big[(n, 'new')]:>12.3f}")
+            print(f"{'  ahead of real time':<34}{1e3 / big[(n, 'old')] / rate:>11.1f}x{1e3 / big[(n, 'new')] / rate:>11.1f}x")
+    mean, worst = step_agreement(pop, tok)
+    print(f"\nKL(eager || compiled) of the next-token distributions, 1,000 teacher-forced positions, fp16 "
+          f"weights: mean {mean:.2e}, max {worst:.2e}")
 
 
 def favor_step_ms(steps: int) -> dict:
