@@ -4,11 +4,11 @@ Default: pop-piano with every default of `spemusic generate`, batch 1, on the co
 compiled step (OLD, a temporary worktree: the eager step) and on this tree (the compiled step
 where this machine can compile it), in alternating fresh processes, 2 rounds each (the best
 counts), at 1 and 2 threads:
-* ms/token of the loop after a prompt of 1k and 64k tokens (a tiled example piece), and the
-  process's memory after them;
+* ms/token of the loop after a prompt of 1k and 64k tokens (a tiled example piece; memory over
+  a long piece: benchmarks/generate_long.py);
 * the weight-read bound measured here: one row through every linear weight the step reads (the
   blocks' and the head's), in the step's precision (fp16), each weight once, as a token must;
-* tokens/s at batch 8 against batch 1 (each side's own auto precision);
+* from scratch, tokens/s at batch 8 against batch 1 (each side's own auto precision);
 * a model twice `small`'s width with twice its layers (random weights, pop-piano's vocabulary and
   defaults): its ms/token and how far ahead of real time that plays at pop-piano's tokens per
   second of music (measured on the pop-piano pieces of this run);
@@ -49,7 +49,7 @@ import torch.nn.functional as F
 
 from spemusic import ModelConfig, Performer  # (also in a revision from before the package's folders)
 
-from revision import REPO, checkout, run_json  # (benchmarks/, the script's own folder)
+from revision import OLD, REPO, checkout, run_json  # (benchmarks/, the script's own folder)
 
 VOCAB = 400
 
@@ -225,13 +225,7 @@ def main():
 
 
 COMPARE_POSITIONS = (1024, 16384)
-OLD = "ca89b1b"  # the code before the compiled step: Performer.step, eager, at every token
 BIG = dict(d_model=512, n_layers=12, d_ff=2048, n_heads=8)  # twice small's width, twice its layers
-
-
-def rss_now_mb() -> float:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * 4096 / 2**20
 
 
 def tiled_prompt(tok, length: int):
@@ -265,11 +259,10 @@ def loop_worker(args) -> dict:
     out = {}
     for P in args.positions:
         prompt = tiled_prompt(tok, P)
-        before = rss_now_mb()
         r = sample(model, tok, num=args.num, length=args.tokens, seed=1, prompt=prompt, options=options)
-        music = sum(_seconds(tok, ids) for ids in r.ids) - args.num * _seconds(tok, prompt)
+        music = sum(_seconds(tok, ids) for ids in r.ids) - (args.num * _seconds(tok, prompt) if P > 1 else 0.0)
         out[P] = {"ms": r.wall_seconds / r.new_tokens * 1e3, "tok_s": r.new_tokens * args.num / r.wall_seconds,
-                  "rss_before": before, "rss_after": rss_now_mb(), "music_s": music,
+                  "music_s": music,
                   "tokens": sum(len(ids) - len(prompt) for ids in r.ids)}
     return out
 
@@ -350,33 +343,31 @@ def loop_study(args) -> None:
                         if key not in best or r["ms"] < best[key]["ms"]:
                             best[key] = r
         print(f"{'threads':>7} {'position':>9} {'old ms/token':>13} {'new ms/token':>13} {'speedup':>8} "
-              f"{'bound ms':>9} {'new/bound':>10} {'old MB':>7} {'new MB':>7}")
+              f"{'bound ms':>9} {'new/bound':>10}")
         for n in threads:
             torch.set_num_threads(n)
             bound = weight_read_ms(pop)
             for P in positions:
                 o, w = best[(n, "old", P)], best[(n, "new", P)]
                 print(f"{n:>7} {P:>9} {o['ms']:>13.3f} {w['ms']:>13.3f} {o['ms'] / w['ms']:>7.2f}x {bound:>9.3f} "
-                      f"{w['ms'] / bound:>9.2f}x {o['rss_after']:>7.0f} {w['rss_after']:>7.0f}")
+                      f"{w['ms'] / bound:>9.2f}x")
             lo, hi = best[(n, "new", positions[0])], best[(n, "new", positions[-1])]
-            print(f"{'':>7} new at {positions[-1]} against {positions[0]}: {hi['ms'] / lo['ms']:.2f}x the time, "
-                  f"{hi['rss_after'] / lo['rss_after']:.2f}x the memory")
+            print(f"{'':>7} new at {positions[-1]} against {positions[0]}: {hi['ms'] / lo['ms']:.2f}x the time")
         torch.set_num_threads(1)
-        tokens = sum(r["tokens"] for k, r in best.items() if k[1] == "new")
-        music = sum(r["music_s"] for k, r in best.items() if k[1] == "new")
-        rate = tokens / music  # pop-piano's tokens per second of music
-        print(f"\npop-piano writes {rate:.1f} tokens a second of music (the new side's pieces above)")
-        print(f"{'':<34}{'old':>12}{'new':>12}")
-        b1 = {s: _worker(r, "pop-piano", 1, [1024], args.tokens, 1)[1024] for s, r in (("old", old_root), ("new", REPO))}
-        b8 = {s: _worker(r, "pop-piano", 1, [1024], args.tokens // 4, 8)[1024] for s, r in (("old", old_root), ("new", REPO))}
+        print(f"\nfrom scratch, 1 thread{'':<12}{'old':>12}{'new':>12}")
+        b1 = {s: _worker(r, "pop-piano", 1, [1], args.tokens, 1)[1] for s, r in (("old", old_root), ("new", REPO))}
+        b8 = {s: _worker(r, "pop-piano", 1, [1], args.tokens, 8)[1] for s, r in (("old", old_root), ("new", REPO))}
+        # pop-piano's tokens per second of music, from its pieces from scratch here
+        rate = sum(b["tokens"] for b in (*b1.values(), *b8.values())) / sum(b["music_s"] for b in (*b1.values(), *b8.values()))
         print(f"{'batch 1, tokens/s (1 thread)':<34}{b1['old']['tok_s']:>12.0f}{b1['new']['tok_s']:>12.0f}")
         print(f"{'batch 8, tokens/s (1 thread)':<34}{b8['old']['tok_s']:>12.0f}{b8['new']['tok_s']:>12.0f}")
         print(f"{'batch 8 / batch 1':<34}{b8['old']['tok_s'] / b1['old']['tok_s']:>11.2f}x"
               f"{b8['new']['tok_s'] / b1['new']['tok_s']:>11.2f}x")
+        print(f"{'pop-piano, tokens a second of music':<34}{rate:>24.1f}")
         big = {}
         for n in threads:
             for s, r in (("old", old_root), ("new", REPO)):
-                big[(n, s)] = _worker(r, "big", n, [1024], args.tokens // 2)[1024]["ms"]
+                big[(n, s)] = _worker(r, "big", n, [1], args.tokens // 2)[1]["ms"]
         params = sum(p.numel() for p in Performer(ModelConfig.from_dict({**pop.cfg.to_dict(), **BIG})).parameters())
         for n in threads:
             print(f"{f'{params / 1e6:.0f}M-parameter model, ms/token ({n} thr)':<34}{big[(n, 'old')]:>12.3f}"

@@ -14,6 +14,7 @@ import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+OLD = "ca89b1b"  # the code before the compiled step (issue 38): Performer.step, eager, at every token
 
 
 @contextlib.contextmanager

@@ -250,11 +250,15 @@ def canonical(ids: np.ndarray, tokenizer: REMITokenizer) -> np.ndarray:
 
 
 def auto_step_dtype(device, batch: int) -> torch.dtype:
-    """Half-precision step weights: fp16, or bf16 from batch 8 on a CPU with native bf16, where its
-    matrix products beat fp16's. What each changes in the NLL against fp32 on the shipped models:
-    benchmarks/step_precision.py; the tokens/s at batch 1 and 8: benchmarks/generate_long.py."""
-    if torch.device(device).type == "cpu" and batch >= 8 and cpu_has_fast_bf16():
-        return torch.bfloat16
+    """The step's weights: fp16 at batch 1 (half the bytes a token reads); above it on a CPU, bf16
+    from batch 8 where the CPU has native bf16, else fp32, whose matrix products run twice as fast
+    as half precision's on a CPU without it (AVX2: 1,026 against 497 tokens/s at batch 8). What each
+    changes in the NLL against fp32 on the shipped models: benchmarks/step_precision.py; the
+    tokens/s at batch 1 and 8: benchmarks/generation.py."""
+    if torch.device(device).type == "cpu" and batch >= 2:
+        if cpu_has_fast_bf16():
+            return torch.bfloat16 if batch >= 8 else torch.float16
+        return torch.float32
     return torch.float16
 
 
