@@ -45,11 +45,13 @@ def worker(model_name: str, output: str, bars: int, threads: int, seed: int) -> 
     import torch
 
     from spemusic.generation.play import Player, play
+    from spemusic.generation.sampling import sample
     from spemusic.music.audio import find_soundfont
     from spemusic.nn.checkpoint import load_model
 
     torch.set_num_threads(threads)
     model, tok = load_model(model_name)
+    sample(model, tok, length=2, seed=seed)  # the compiled step loaded (or compiled, once) before the clock runs
     clock = SkippingClock()
     player = (Player(midi_out=lambda message: None, clock=clock) if output == "midi" else
               Player(audio_out=lambda block: None, soundfont=find_soundfont(), clock=clock))
@@ -96,7 +98,7 @@ def main() -> None:
             for output, flag in (("audio", "--stdout"), ("midi", "--stdout-midi")):
                 old, new = _run(old_root, name, output, *common), _run(REPO, name, output, *common)
                 minutes, secs = divmod(new["music"], 60)
-                print(f"{name:<10} {flag:<14} {int(minutes):>3}:{secs:03.0f} {old['tokens'] / old['busy']:>10.0f} "
+                print(f"{name:<10} {flag:<14} {int(minutes):>4}:{secs:02.0f} {old['tokens'] / old['busy']:>10.0f} "
                       f"{new['tokens'] / new['busy']:>10.0f} {old['margin']:>10.1f}x {new['margin']:>10.1f}x "
                       f"{new['margin'] / old['margin']:>7.2f}x")
     if args.long_bars:

@@ -840,7 +840,7 @@ def _announce_compiling() -> None:
     from .nn import step_graph
 
     def note():
-        err.print("note: compiling the generation step for this machine, once (about half a minute; kept in "
+        err.print("note: compiling the generation step for this machine, once (under a minute; kept in "
                   f"{escape(str(step_graph.cache_dir()))})", highlight=False)
 
     step_graph.on_compile = note

@@ -35,7 +35,7 @@ ROWS = [
     ["generation.settings", "generation.sampling", "generation.prompts", "generation.accompany", "training.data",
      "music.pianoroll", "music.audio", "music.metrics", "music.keys", "music.harmony"],
     ["nn.checkpoint", "nn.device", "generation.cache"],
-    ["nn.model"],
+    ["nn.model", "nn.step_graph"],
     ["nn.spe", "nn.spe_jax", "nn.attention", "nn.recurrent", "nn.positional", "nn.fused", "nn.compiled",
      "nn.recall"],
     ["tokens.grammar", "tokens.tokenizer", "tokens.vocabulary", "tokens.file_policy", "tokens.midi_repair",

@@ -185,6 +185,7 @@ class _Fn(torch.nn.Module):
 
 
 _SOURCE = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:16]
+_CONSTANTS = (recall.ECHO_CONTEXT, recall.ECHO_PLACES, recall.ECHO_SWEEPS, EPS)  # compiled into the programs
 # inductor's settings for these programs: a pointwise chain is materialised before a product
 # reads it instead of being recomputed for every row of the weights (gelu's erf for each of
 # d_ff's rows cost 3x the product)
@@ -200,8 +201,8 @@ class _Program:
         self.flat = [x for x in leaves if isinstance(x, torch.Tensor)]
         shapes = [(tuple(x.shape), str(x.dtype)) if isinstance(x, torch.Tensor) else repr(x) for x in leaves]
         # (the loops are compiled for the number of threads in use: OpenMP's, fixed in the code)
-        key = repr((name, str(spec), shapes, _SOURCE, torch.__version__, torch.backends.cpu.get_cpu_capability(),
-                    torch.get_num_threads(), sorted(_INDUCTOR.items())))
+        key = repr((name, str(spec), shapes, _SOURCE, _CONSTANTS, torch.__version__,
+                    torch.backends.cpu.get_cpu_capability(), torch.get_num_threads(), sorted(_INDUCTOR.items())))
         path = cache_dir() / f"{name}-{hashlib.sha256(key.encode()).hexdigest()[:20]}.pt2"
         if not path.exists():
             global on_compile
@@ -248,6 +249,10 @@ class StepGraph:
         """Why steps run uncompiled in this process (None: they are compiled where served)."""
         if os.environ.get("SPEMUSIC_COMPILE", "").strip() == "0":
             return "SPEMUSIC_COMPILE=0"
+        import torch._inductor  # (here: importing it takes as long as importing torch)
+
+        if not hasattr(torch._inductor, "aoti_load_package"):
+            return f"PyTorch {torch.__version__} has no AOTInductor packages (2.6 and later have)"
         return compiled.unavailable() or cls._failure
 
     @classmethod
