@@ -836,7 +836,8 @@ def _say_which_checkpoint(name_or_path) -> None:
 
 
 def _announce_compiling() -> None:
-    """Say so when the generation step is compiled for this machine (once: the result is kept)."""
+    """Say so when the generation step is compiled for this machine (once: the result is kept),
+    and in one line when compiling fails (the step then runs uncompiled)."""
     from .nn import step_graph
 
     def note():
@@ -844,6 +845,7 @@ def _announce_compiling() -> None:
                   f"{escape(str(step_graph.cache_dir()))})", highlight=False)
 
     step_graph.on_compile = note
+    step_graph.on_failure = lambda message: err.print(f"[yellow]warning:[/] {escape(message)}", highlight=False)
 
 
 def _sampling_progress(total: int | None, disable: bool) -> Progress:

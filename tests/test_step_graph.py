@@ -18,6 +18,9 @@ def step_cache(compiling, tmp_path_factory, monkeypatch):
     monkeypatch.setenv("SPEMUSIC_CACHE", str(tmp_path_factory.getbasetemp() / "spemusic-cache"))
     monkeypatch.delenv("SPEMUSIC_COMPILE", raising=False)
     monkeypatch.setattr(StepGraph, "_failure", None)
+    # (a command run earlier in this process may have left the command line's hooks)
+    monkeypatch.setattr("spemusic.nn.step_graph.on_compile", None)
+    monkeypatch.setattr("spemusic.nn.step_graph.on_failure", None)
 
 
 @pytest.fixture(scope="module")

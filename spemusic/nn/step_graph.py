@@ -51,6 +51,8 @@ __all__ = ["StepGraph", "cache_dir"]
 # called (no arguments) before a step is compiled on this machine for the first time: the
 # command line says what the wait is
 on_compile = None
+# called with the message when compiling fails (None: a UserWarning): the command line's warning
+on_failure = None
 
 
 def cache_dir() -> Path:
@@ -266,7 +268,10 @@ class StepGraph:
         except Exception as e:  # noqa: BLE001 - export's and inductor's errors share no base class
             first = str(e).strip().splitlines()[0][:120] if str(e).strip() else ""
             cls._failure = f"compiling the step failed ({type(e).__name__}: {first}); it runs uncompiled"
-            warnings.warn(cls._failure, stacklevel=2)
+            if on_failure is not None:
+                on_failure(cls._failure)
+            else:
+                warnings.warn(cls._failure, stacklevel=2)
             return None
 
     @torch.no_grad()
