@@ -65,36 +65,46 @@ def bar_echo(ids: torch.Tensor, tail: torch.Tensor | None, bar_id: int, position
     seq = ids if tail is None else torch.cat([tail, ids], 1)
     N = seq.shape[1]
     lo, hi = position_range
-    t = torch.arange(N, device=ids.device).expand(B, N)
+    width = ECHO_SWEEPS * (hi - lo + 1) * ECHO_PLACES
+    key = echo_places(seq, bar_id, position_range)["key"]
+    echoes = echo_back(seq, key, key[:, N - T:], width, bars, none_id)
+    keep = seq[:, -ECHO_CONTEXT:]
+    if keep.shape[1] < ECHO_CONTEXT:
+        keep = torch.cat([keep.new_full((B, ECHO_CONTEXT - keep.shape[1]), -1), keep], 1)
+    return most_held(echoes, none_id), keep
+
+
+def echo_places(seq: torch.Tensor, bar_id: int, position_range) -> dict:
+    """Per token of seq (B, N), what its place in its bar is made of, each (B, N): `key` (bar, pass,
+    position, place in the onset, increasing along each row; -1 before the first Bar), and the
+    running values it comes from (`bar`, `last_bar`, `last_pos`, `pos_val`, `in_onset`, `pos`,
+    `again`, `again_at_bar`): the one-token step carries their last column on
+    (spemusic.nn.step_graph). A pass starts at a Position at or before the last one of its bar
+    (melody first: the other parts after the melody)."""
+    B, N = seq.shape
+    lo, hi = position_range
+    t = torch.arange(N, device=seq.device).expand(B, N)
     is_bar, is_pos = seq == bar_id, (seq >= lo) & (seq < hi)
     bar = is_bar.long().cumsum(1)
     last_bar = torch.where(is_bar, t, -1).cummax(1).values
     last_pos = torch.where(is_pos, t, -1).cummax(1).values
     in_onset = last_pos > last_bar
-    pos = torch.where(in_onset, seq.gather(1, last_pos.clamp(min=0)) - lo + 1, 0)  # 0: before the bar's first onset
+    pos_val = torch.where(last_pos >= 0, seq.gather(1, last_pos.clamp(min=0)) - lo + 1, 0)
+    pos = torch.where(in_onset, pos_val, 0)  # 0: before the bar's first onset
     place = (t - torch.maximum(last_bar, last_pos)).clamp(max=ECHO_PLACES - 1)
-    sweep = _sweep(pos, is_pos, in_onset, last_bar)
-    width = ECHO_SWEEPS * (hi - lo + 1) * ECHO_PLACES
-    key = bar * width + (sweep * (hi - lo + 1) + pos) * ECHO_PLACES + place  # increasing along each row
-    key = torch.where(bar >= 1, key, -1)  # before the first Bar: never matched (targets are at least 0)
-    mine, key = key[:, N - T:], key.contiguous()
-    echoes = _echo_back(seq, key, mine, width, bars, none_id)
-    keep = seq[:, -ECHO_CONTEXT:]
-    if keep.shape[1] < ECHO_CONTEXT:
-        keep = torch.cat([keep.new_full((B, ECHO_CONTEXT - keep.shape[1]), -1), keep], 1)
-    return _most_held(echoes, none_id), keep
-
-
-def _sweep(pos: torch.Tensor, is_pos: torch.Tensor, in_onset: torch.Tensor, last_bar: torch.Tensor) -> torch.Tensor:
-    """(B, N): the pass through its bar each token is in, from 0: a Position at or before the
-    bar's last one starts the next pass (melody first: the other parts after the melody)."""
-    before = torch.cat([pos.new_zeros(pos.shape[0], 1), pos[:, :-1]], 1)  # the position in force before
-    was_in_onset = torch.cat([in_onset.new_zeros(pos.shape[0], 1), in_onset[:, :-1]], 1)
+    before = torch.cat([pos.new_zeros(B, 1), pos[:, :-1]], 1)  # the position in force before
+    was_in_onset = torch.cat([in_onset.new_zeros(B, 1), in_onset[:, :-1]], 1)
     again = (is_pos & was_in_onset & (pos <= before)).long().cumsum(1)
-    return (again - again.gather(1, last_bar.clamp(min=0))).clamp(0, ECHO_SWEEPS - 1)
+    again_at_bar = again.gather(1, last_bar.clamp(min=0))
+    sweep = (again - again_at_bar).clamp(0, ECHO_SWEEPS - 1)
+    width = ECHO_SWEEPS * (hi - lo + 1) * ECHO_PLACES
+    key = bar * width + (sweep * (hi - lo + 1) + pos) * ECHO_PLACES + place
+    return {"key": torch.where(bar >= 1, key, -1).contiguous(),  # before the first Bar: never matched
+            "bar": bar, "last_bar": last_bar, "last_pos": last_pos, "pos_val": pos_val, "in_onset": in_onset,
+            "pos": pos, "again": again, "again_at_bar": again_at_bar}
 
 
-def _echo_back(seq: torch.Tensor, key: torch.Tensor, mine: torch.Tensor, width: int, bars: int,
+def echo_back(seq: torch.Tensor, key: torch.Tensor, mine: torch.Tensor, width: int, bars: int,
                none_id: int) -> torch.Tensor:
     """(B, T, bars): the token that followed the same place 1, 2, … `bars` bars back, or the last
     place before it in that bar (a drummer's onset a grid step early or late; an onset with fewer
@@ -108,7 +118,7 @@ def _echo_back(seq: torch.Tensor, key: torch.Tensor, mine: torch.Tensor, width: 
     return echo.view(*mine.shape, bars)
 
 
-def _most_held(echoes: torch.Tensor, none_id: int) -> torch.Tensor:
+def most_held(echoes: torch.Tensor, none_id: int) -> torch.Tensor:
     """(B, T, K) echoes, nearest bar first -> (B, T): the one most of them agree on, ties going to
     the nearest bar; `none_id` where none was found."""
     K = echoes.shape[-1]
@@ -120,4 +130,4 @@ def _most_held(echoes: torch.Tensor, none_id: int) -> torch.Tensor:
     return echoes.gather(-1, (votes * K + nearest_first).argmax(-1, keepdim=True))[..., 0]
 
 
-__all__ = ["ECHO_CONTEXT", "bar_echo", "pitch_memory"]
+__all__ = ["ECHO_CONTEXT", "bar_echo", "echo_back", "echo_places", "most_held", "pitch_memory"]

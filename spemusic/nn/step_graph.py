@@ -105,18 +105,7 @@ def _echo(ids: torch.Tensor, carry: dict, cfg: tuple) -> torch.Tensor:
     bar_at = torch.cat([carry["bar_at"], last_bar[:, None]], 1)
     keys = torch.cat([carry["keys"], mine[:, None]], 1)
     keys = torch.where(bar_at >= (n - recall.ECHO_CONTEXT)[:, None], keys, -1)
-    N = seq.shape[1]
-    wanted = mine[:, None] - width * torch.arange(1, bars + 1, device=ids.device)
-    at = (torch.searchsorted(keys, wanted, right=True) - 1).clamp(0, N - 2)
-    found = (wanted >= 0) & (keys.gather(1, at) // width == wanted // width)
-    echoes = torch.where(found, seq.gather(1, at + 1), none_id)
-    if bars > 1:  # recall._most_held
-        ok = echoes != none_id
-        votes = ((echoes[:, :, None] == echoes[:, None, :]) & ok[:, None, :]).sum(-1) * ok
-        nearest_first = torch.arange(bars - 1, -1, -1, device=ids.device)
-        echo = echoes.gather(1, (votes * bars + nearest_first).argmax(-1, keepdim=True))[:, 0]
-    else:
-        echo = echoes[:, 0]
+    echo = recall.most_held(recall.echo_back(seq, keys, mine[:, None], width, bars, none_id)[:, 0], none_id)
     new = {"ids": seq[:, 1:], "keys": torch.cat([carry["keys"][:, 1:], mine[:, None]], 1), "bar_at": bar_at[:, 1:],
            "n": n + 1, "bar": bar, "last_bar": last_bar, "last_pos": last_pos, "pos_val": pos_val,
            "in_onset": in_onset, "pos": pos, "again": again, "again_at_bar": again_at_bar}
@@ -340,23 +329,7 @@ def _echo_carry(tail: torch.Tensor | None, B: int, bar_id: int, lo: int, hi: int
     nothing yet), as recall.bar_echo computes its keys over that window."""
     C = recall.ECHO_CONTEXT
     seq = torch.full((B, C), -1, dtype=torch.long) if tail is None else tail.clone()
-    t = torch.arange(C).expand(B, C)
-    is_bar, is_pos = seq == bar_id, (seq >= lo) & (seq < hi)
-    bar = is_bar.long().cumsum(1)
-    last_bar = torch.where(is_bar, t, -1).cummax(1).values
-    last_pos = torch.where(is_pos, t, -1).cummax(1).values
-    in_onset = last_pos > last_bar
-    pos_val = torch.where(last_pos >= 0, seq.gather(1, last_pos.clamp(min=0)) - lo + 1, 0)
-    pos = torch.where(in_onset, pos_val, 0)
-    place = (t - torch.maximum(last_bar, last_pos)).clamp(max=recall.ECHO_PLACES - 1)
-    before = torch.cat([pos.new_zeros(B, 1), pos[:, :-1]], 1)
-    was_in_onset = torch.cat([in_onset.new_zeros(B, 1), in_onset[:, :-1]], 1)
-    again = (is_pos & was_in_onset & (pos <= before)).long().cumsum(1)
-    again_at_bar = again.gather(1, last_bar.clamp(min=0))
-    sweep = (again - again_at_bar).clamp(0, recall.ECHO_SWEEPS - 1)
-    width = recall.ECHO_SWEEPS * (hi - lo + 1) * recall.ECHO_PLACES
-    key = torch.where(bar >= 1, bar * width + (sweep * (hi - lo + 1) + pos) * recall.ECHO_PLACES + place, -1)
-    last = {"bar": bar, "last_bar": last_bar, "last_pos": last_pos, "pos_val": pos_val, "in_onset": in_onset,
-            "pos": pos, "again": again, "again_at_bar": again_at_bar}
-    return {"ids": seq, "keys": key.contiguous(), "bar_at": torch.where(bar >= 1, last_bar, -1).contiguous(),
-            "n": torch.full((B,), C), **{k: v[:, -1].clone() for k, v in last.items()}}
+    places = recall.echo_places(seq, bar_id, (lo, hi))
+    key, last_bar = places.pop("key"), places["last_bar"]
+    return {"ids": seq, "keys": key, "bar_at": torch.where(places["bar"] >= 1, last_bar, -1).contiguous(),
+            "n": torch.full((B,), C), **{k: v[:, -1].clone() for k, v in places.items()}}
