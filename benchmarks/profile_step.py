@@ -94,7 +94,7 @@ def parts(model: Performer, B: int, T: int):
         out.append((f"short convolution ({cfg.short_conv} tokens)", cfg.n_layers, shift))
 
     def head():
-        x, _ = model.embed(ids[:, :-1], 0)
+        x, *_ = model.embed(ids[:, :-1], 0)
         logits = model.head(x + leaf(B, T, d, name="h"))
         F.cross_entropy(logits.float().reshape(-1, V), ids[:, 1:].reshape(-1)).backward()
     out.append(("embedding, output head and loss", 1, head))

@@ -537,16 +537,21 @@ TRAIN_OPTIONS = {
     "pe": ("Model", "Positional encoding."),
     "gated": ("Model", "Gated SPE."),
     "attention": ("Model", "favor (linear) or softmax (quadratic baseline)."),
+    "dropout": ("Model", ("Dropout in every block and on the embeddings (training only): a small dataset seen "
+                "many times is learned by heart without it."), "0, or the --init-from model's"),
     "short_conv": ("Model", ("Tokens each block's short causal convolution reaches back (0: none). Added to an "
                    "--init-from model that has none, or widened (farther taps at zero)."),
                    f"{MODEL_PRESETS['small']['short_conv']}, or the --init-from model's"),
     "pitch_memory": ("Model", ("Every token also sees the last pitch each part (melody, bridge, piano) wrote: "
                      "melodic intervals at any distance. Needs --parts; added to an --init-from model at zero.")),
+    "interval_head": ("Model", ("Each part's next pitch is also scored as an interval from that part's last pitch "
+                      "(a melody's steps and leaps at any distance). Needs --parts; added to an --init-from "
+                      "model at zero.")),
     "bar_echo": ("Model", ("Every token also sees what came next at its place in the bar before (a drummer's "
                  "pattern, an accompaniment's figure). Added to an --init-from model at zero.")),
     "echo_bars": ("Model", ("With --bar-echo: the bars it reads back. Each token sees what most of them had at "
                   "its place (ties: the nearest bar), so a slip in one bar does not carry forward.")),
-    "recall_lr_scale": ("Optimisation", ("The --pitch-memory and --bar-echo tables learn this many times faster than "
+    "recall_lr_scale": ("Optimisation", ("The --pitch-memory, --interval-head and --bar-echo tables learn this many times faster than "
                         "the rest (they start at zero).")),
     "max_len": ("Model", ("Longest sequence of an absolute PE (ape, sinusoidal, axial; axial-continuous is scaled "
                 "to it) at generation/eval; SPE has "
@@ -636,8 +641,10 @@ def train(
     compile: bool | None = _train_option("compile", "--compile/--no-compile"),
     checkpoint_activations: bool | None = _train_option(
         "checkpoint_activations", "--checkpoint-activations/--no-checkpoint-activations"),
+    dropout: float | None = _train_option("dropout", "--dropout"),
     short_conv: int | None = _train_option("short_conv", "--short-conv"),
     pitch_memory: bool | None = _train_option("pitch_memory", "--pitch-memory/--no-pitch-memory"),
+    interval_head: bool | None = _train_option("interval_head", "--interval-head/--no-interval-head"),
     bar_echo: bool | None = _train_option("bar_echo", "--bar-echo/--no-bar-echo"),
     echo_bars: int | None = _train_option("echo_bars", "--echo-bars"),
     recall_lr_scale: float | None = _train_option("recall_lr_scale", "--recall-lr-scale"),

@@ -80,10 +80,14 @@ class TrainConfig:
     piece_starts: float = 0.1    # share of windows that open at a piece's start (BOS), as generation from scratch does
     kit_swaps: float = 0.0       # drums: share of windows played on another part of the kit (hats on the ride,
                                  # snare as side stick, the other crash), so the prompt names the kit, not habit
+    dropout: float = -1.0        # dropout in every block and on the embeddings (-1: the preset's 0, or the
+                                 # fine-tuned model's); pop-piano's lineage saw its 6M train tokens 60 times
     short_conv: int = -1         # tokens each block's short convolution reaches back (-1: the preset's, or the
                                  # fine-tuned model's; a fine-tuned model without one gets it, starting at zero)
     pitch_memory: bool = False   # every token sees the last pitch of each part (needs parts; added at zero to
                                  # a fine-tuned model without it)
+    interval_head: bool = False  # each part's next pitch also scored as an interval from its last pitch (needs
+                                 # parts; added at zero to a fine-tuned model without it)
     bar_echo: bool = False       # every token sees what came next at its place one bar back (added at zero)
     echo_bars: int = 1           # with bar_echo: the bars it reads back, echoing what most of them had there
     recall_lr_scale: float = 10.0  # the stream features' tables learn this many times faster than the rest
@@ -127,6 +131,8 @@ class TrainConfig:
             raise OptionError("{lead_sheet} must be in 0 … 1 (got {value})", value=self.lead_sheet)
         if not 0 <= self.piece_starts <= 1:
             raise OptionError("{piece_starts} must be in 0 … 1 (got {value})", value=self.piece_starts)
+        if not (self.dropout == -1 or 0 <= self.dropout < 1):
+            raise OptionError("{dropout} must be in [0, 1) (got {value})", value=self.dropout)
         if not 0 <= self.kit_swaps <= 1:
             raise OptionError("{kit_swaps} must be in 0 … 1 (got {value})", value=self.kit_swaps)
         if not 0 <= self.seed < 2**31:  # the seed is combined with step counts into a 64-bit torch seed

@@ -693,6 +693,70 @@ def test_pitch_memory_parallel_equals_recurrent_and_starts_at_zero():
         assert last_token[b].item() == seq[-1]
 
 
+def test_interval_head_parallel_equals_recurrent_and_scores_the_interval_from_the_part_last_pitch():
+    """Added at zero it is the same function; trained, the parallel pass, a chunked prompt and the
+    steps agree; the anchor is the part's last pitch and its table says whether a Bar came since."""
+    from dataclasses import replace
+
+    from spemusic.nn.recall import interval_anchor
+    from spemusic.training.train import widened
+
+    torch.manual_seed(0)
+    base = Performer(ModelConfig.preset("tiny", vocab_size=160)).eval()
+    cfg = replace(base.cfg, interval_head=[10, 11], pitch_range=[20, 148], bar_id=3, interval_reach=12)
+    ids = torch.randint(0, 160, (2, 300), generator=torch.Generator().manual_seed(3))
+    ids[:, ::7] = 10  # programs followed by pitches, often
+    ids[:, 1::7] = torch.randint(20, 148, ids[:, 1::7].shape)
+    ids[:, 3::11] = 11
+    ids[:, 5::23] = 3  # bars
+    m = widened(base, cfg).eval()
+    base.resample(1), m.resample(1)
+    with torch.no_grad():
+        assert torch.equal(m(ids), base(ids))  # added at zero: the same function
+        m.interval_head.weight.normal_(0.0, 1.0)
+        full = m(ids)
+    changed = (full - base(ids).detach()).abs().amax(-1)  # (B, T): only where a Program opens a note
+    assert changed[ids == 10].max() > 0.1 and changed[(ids != 10) & (ids != 11)].max() == 0
+    lp, st = m.prime(ids[:, :100], chunk=33)  # carried across prompt chunks and into the steps
+    outs = [lp]
+    for t in range(100, 300):
+        logits, st = m.step(st, ids[:, t])
+        outs.append(logits[:, None])
+    assert (torch.cat(outs, 1) - full).abs().max().item() <= 1e-4
+    anchor, table, _ = interval_anchor(ids, None, m.interval_programs, m.cfg.pitch_range, 3)
+    for b in range(2):
+        seq = ids[b].tolist()
+        last, crossed = {10: -1, 11: -1}, {10: False, 11: False}
+        for t, tok in enumerate(seq):
+            if t and seq[t - 1] in last and 20 <= tok < 148:
+                last[seq[t - 1]], crossed[seq[t - 1]] = tok - 20, False
+            if tok == 3:
+                crossed = {k: True for k in crossed}
+            if tok in last:
+                assert anchor[b, t].item() == last[tok]
+                assert table[b, t].item() == 2 * (tok - 10) + crossed[tok]
+            else:
+                assert anchor[b, t].item() == -1
+    # one interval's score moves exactly the pitch that far from the anchor
+    t = next(t for t in range(300) if ids[0, t] == 10 and anchor[0, t] >= 0)
+    with torch.no_grad():
+        before = m(ids[:1, :t + 1])[0, -1]
+        m.interval_head.weight[table[0, t], 12 + 2] += 5.0
+        after = m(ids[:1, :t + 1])[0, -1]
+    moved = (after - before).nonzero().flatten().tolist()
+    assert moved == ([20 + anchor[0, t].item() + 2] if anchor[0, t] + 2 < 128 else [])
+
+
+def test_interval_head_config_errors():
+    with pytest.raises(SpemusicError, match="bar_id"):
+        ModelConfig.preset("tiny", vocab_size=V, interval_head=[1], pitch_range=[0, 128])
+    with pytest.raises(SpemusicError, match="interval_reach"):
+        ModelConfig.preset("tiny", vocab_size=V, interval_head=[1], pitch_range=[0, 128], bar_id=2, interval_reach=0)
+    d = ModelConfig.preset("tiny", vocab_size=V).to_dict()
+    del d["interval_head"], d["interval_reach"], d["bar_id"]  # checkpoints from before it
+    assert ModelConfig.from_dict(d).interval_head == []
+
+
 def test_pitch_memory_config_errors():
     with pytest.raises(SpemusicError, match="pitch_memory"):
         ModelConfig.preset("tiny", vocab_size=V, pitch_memory=[V])

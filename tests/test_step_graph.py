@@ -37,15 +37,20 @@ def song(shared_data):
 
 def _model(tok, **changes) -> Performer:
     """A small random model in pop-piano's vocabulary, with its bar echo over 4 bars, its short
-    convolution and gated sineSPE; its echo rows and convolution drawn large enough to matter."""
+    convolution, its interval head and gated sineSPE; its echo rows, intervals and convolution
+    drawn large enough to matter."""
+    from spemusic.training.train import interval_head_config
+
     lo, hi = tok.range("Position")
     cfg = ModelConfig.preset("tiny", vocab_size=len(tok), pe="sinespe", gated=True, short_conv=8,
-                             bar_echo=[tok.bar_id, lo, hi], echo_bars=4)
+                             bar_echo=[tok.bar_id, lo, hi], echo_bars=4, **interval_head_config(tok))
     torch.manual_seed(0)
     m = Performer(replace(cfg, **changes)).eval()
     with torch.no_grad():
         if m.bar_echo is not None:
             m.bar_echo.weight.normal_(0.0, 1.0)
+        if m.interval_head is not None:
+            m.interval_head.weight.normal_(0.0, 1.0)
         for blk in m.blocks:
             if blk.shift is not None:
                 blk.shift.normal_(0.0, 0.3)
@@ -77,8 +82,8 @@ def test_the_compiled_step_is_the_eager_step_on_a_real_song(song, step_cache):
     eager = _stepped(m.step, eager_state, ids[:, 2100:])
     assert (compiled - eager).abs().max().item() <= 1e-4
     assert (compiled - full).abs().max().item() <= 1e-4
-    if m.bar_echo is not None:
-        assert torch.equal(state.recall["echo"], eager_state.recall["echo"])
+    assert torch.equal(state.recall["echo"], eager_state.recall["echo"])
+    assert torch.equal(state.recall["interval"], eager_state.recall["interval"])
     for a, b in zip(state.layers, eager_state.layers):
         assert ((a - b).abs().max() / b.abs().max()).item() <= 1e-5
 

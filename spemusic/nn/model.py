@@ -42,7 +42,7 @@ from spemusic.nn.attention import (
 from spemusic.nn.compiled import compiled
 from spemusic.nn.fused import gelu_linear, norm_linear
 from spemusic.nn.positional import AbsolutePE, build_absolute_pe
-from spemusic.nn.recall import bar_echo as echo_ids, pitch_memory as memory_rows
+from spemusic.nn.recall import bar_echo as echo_ids, interval_anchor, pitch_memory as memory_rows
 from spemusic.nn.recurrent import LayerPlan, State, build_plan
 from spemusic.nn.spe import ConvSPE, SineSPE, SPECodes, SPEFilter, mix_seed
 from spemusic.options import (  # noqa: F401  (re-exported: the configs' choices)
@@ -96,11 +96,17 @@ class ModelConfig:
     # what the model is told about its own stream (spemusic.nn.recall); empty: none, as in models
     # trained before them. Pitch memory: the Program ids whose last pitch every token sees, and
     # `pitch_range` the Pitch ids [lo, hi). Bar echo: [Bar id, first Position id, last + 1], and
-    # `echo_bars` the bars it reads back (what most of them had at each place).
+    # `echo_bars` the bars it reads back (what most of them had at each place). Interval head: the
+    # Program ids whose next Pitch is also scored as an interval from that Program's last pitch,
+    # up to `interval_reach` semitones apart (one score for all farther ones), from one table per
+    # part and whether a bar line came between; needs the Bar id (`bar_id`).
     pitch_memory: list = field(default_factory=list)
     pitch_range: list = field(default_factory=lambda: [0, 0])
     bar_echo: list = field(default_factory=list)
     echo_bars: int = 1
+    interval_head: list = field(default_factory=list)
+    interval_reach: int = 24
+    bar_id: int = -1
 
     def __post_init__(self):
         if self.attention not in ATTENTION_OPTIONS:
@@ -120,8 +126,15 @@ class ModelConfig:
         ids_ok = lambda v: isinstance(v, list) and all(isinstance(i, int) and 0 <= i < self.vocab_size for i in v)  # noqa: E731
         if not ids_ok(self.pitch_memory) or len(self.pitch_memory) > 8:
             raise SpemusicError(f"model config: pitch_memory must be at most 8 token ids, not {self.pitch_memory!r}")
+        if not ids_ok(self.interval_head) or len(self.interval_head) > 8:
+            raise SpemusicError(f"model config: interval_head must be at most 8 token ids, not {self.interval_head!r}")
+        if not isinstance(self.interval_reach, int) or isinstance(self.interval_reach, bool) \
+                or not 1 <= self.interval_reach <= 127:
+            raise SpemusicError(f"model config: interval_reach must be an integer in 1 … 127, not {self.interval_reach!r}")
+        if self.interval_head and not (isinstance(self.bar_id, int) and 0 <= self.bar_id < self.vocab_size):
+            raise SpemusicError(f"model config: an interval head needs the Bar id (bar_id), not {self.bar_id!r}")
         lo_hi = self.pitch_range
-        if self.pitch_memory and not (ids_ok(lo_hi) and len(lo_hi) == 2 and lo_hi[1] - lo_hi[0] == 128):
+        if (self.pitch_memory or self.interval_head) and not (ids_ok(lo_hi) and len(lo_hi) == 2 and lo_hi[1] - lo_hi[0] == 128):
             raise SpemusicError(f"model config: pitch_range must be the 128 Pitch ids [lo, hi), not {lo_hi!r}")
         if self.bar_echo and not (ids_ok(self.bar_echo) and len(self.bar_echo) == 3
                                   and self.bar_echo[1] < self.bar_echo[2]):
@@ -147,7 +160,8 @@ class ModelConfig:
             spe = per_code * (1 if self.share_pe else L)
         absolute = self.max_len * d if self.pe in ("ape", "sinusoidal") else 0
         recall = 129 * len(self.pitch_memory) + (self.vocab_size + 1 if self.bar_echo else 0)
-        return (self.vocab_size + recall) * d + L * per_block + spe + absolute
+        intervals = 2 * len(self.interval_head) * (2 * self.interval_reach + 2)
+        return (self.vocab_size + recall) * d + intervals + L * per_block + spe + absolute
 
     @property
     def d_head(self) -> int:
@@ -427,6 +441,12 @@ class Performer(nn.Module):
         if cfg.bar_echo:  # row V: no echo
             self.bar_echo = nn.Embedding(cfg.vocab_size + 1, cfg.d_model)
             nn.init.zeros_(self.bar_echo.weight)
+        self.interval_head: nn.Embedding | None = None
+        if cfg.interval_head:  # row 2 * part + across a bar line; column j: j - reach semitones, the last farther
+            self.interval_head = nn.Embedding(2 * len(cfg.interval_head), 2 * cfg.interval_reach + 2)
+            nn.init.zeros_(self.interval_head.weight)  # added to a trained model, it changes nothing at first
+            self.register_buffer("interval_programs", torch.tensor(cfg.interval_head), persistent=False)
+            self.register_buffer("pitches", torch.arange(128), persistent=False)
         self.drop = nn.Dropout(cfg.dropout)
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
         self.ln_f = nn.LayerNorm(cfg.d_model)
@@ -485,18 +505,22 @@ class Performer(nn.Module):
     @property
     def recalls(self) -> bool:
         """Whether the model reads features off its own stream (spemusic.nn.recall), carried in State.recall."""
-        return self.pitch_memory is not None or self.bar_echo is not None
+        return self.pitch_memory is not None or self.bar_echo is not None or self.interval_head is not None
 
-    def embed(self, ids: torch.Tensor, start: int, carry: dict | None = None) -> tuple[torch.Tensor, dict | None]:
+    def embed(self, ids: torch.Tensor, start: int, carry: dict | None = None) -> tuple:
         """Token ids (B, T) at positions start.. -> ((B, T, d) with the absolute PE, if any, and
-        the stream features; what those carry after these tokens, None for a model without them).
-        `carry`: what they carried before these tokens (State.recall)."""
+        the stream features; what those carry after these tokens, None for a model without them;
+        where the interval head reads (its anchors and tables, each (B, T)), None without it). `carry`: what they carried before
+        these tokens (State.recall)."""
         x = self.tok(ids)
         if self.abs_pe is not None:
             x = x + self.abs_pe(start, ids.shape[1], ids.device).to(x.dtype)
         if not self.recalls:
-            return self.drop(x), None
-        carry, after = carry or {}, {}
+            return self.drop(x), None, None
+        carry, after, anchor = carry or {}, {}, None
+        if self.interval_head is not None:
+            *anchor, after["interval"] = interval_anchor(ids, carry.get("interval"), self.interval_programs,
+                                                         self.cfg.pitch_range, self.cfg.bar_id)
         if self.pitch_memory is not None:
             rows, after["pitch"] = memory_rows(ids, carry.get("pitch"), self.memory_programs, self.cfg.pitch_range)
             x = x + self.pitch_memory(rows).sum(-2).to(x.dtype)
@@ -505,19 +529,36 @@ class Performer(nn.Module):
             echo, after["echo"] = echo_ids(ids, carry.get("echo"), bar_id, (lo, hi), self.cfg.vocab_size,
                                            self.cfg.echo_bars)
             x = x + self.bar_echo(echo).to(x.dtype)
-        return self.drop(x), after
+        return self.drop(x), after, anchor
 
-    def head(self, x: torch.Tensor) -> torch.Tensor:
-        """(…, d) -> (…, V) logits (final norm, output tied to the embedding)."""
-        return norm_linear(x, self.ln_f, self.tok.weight, None)
+    def head(self, x: torch.Tensor, anchor=None) -> torch.Tensor:
+        """(…, d) -> (…, V) logits (final norm, output tied to the embedding; with the interval
+        head, its scores added to the Pitch logits where `anchor` (from `embed`) names a pitch)."""
+        logits = norm_linear(x, self.ln_f, self.tok.weight, None)
+        return self.add_intervals(logits, anchor) if anchor is not None else logits
 
-    def _read_out(self, x: torch.Tensor, want_hidden: bool):
+    def add_intervals(self, logits: torch.Tensor, anchor) -> torch.Tensor:
+        """logits (…, V) + the interval head's score of each Pitch p: that of p - pitch in the
+        table `anchor` = (pitch, table) (each (…)) names, where pitch >= 0."""
+        pitch, table = anchor
+        K = self.cfg.interval_reach
+        lo = self.cfg.pitch_range[0]
+        interval = self.pitches - pitch[..., None]  # (…, 128)
+        which = torch.where(interval.abs() <= K, interval + K, 2 * K + 1)
+        scores = self.interval_head(table).gather(-1, which) * (pitch >= 0)[..., None]
+        return torch.cat([logits[..., :lo], logits[..., lo:lo + 128] + scores.to(logits.dtype),
+                          logits[..., lo + 128:]], -1)
+
+    def _read_out(self, x: torch.Tensor, want_hidden: bool, anchor=None):
         """The logits of `head`, or (logits, the final-normed state (…, d) fp32 they are read
         from: what a continuous cache matches, spemusic.generation.cache), the norm taken once."""
         if not want_hidden:
-            return self.head(x)
+            return self.head(x, anchor)
         h = self.ln_f(x)
-        return F.linear(h, self.tok.weight), h.float()  # head(x) outside training, to the bit
+        logits = F.linear(h, self.tok.weight)  # head(x) outside training, to the bit
+        if anchor is not None:
+            logits = self.add_intervals(logits, anchor)
+        return logits, h.float()
 
     @torch.no_grad()
     def logits_and_hidden(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -554,7 +595,7 @@ class Performer(nn.Module):
             self.abs_pe.check(start, T)
         codes = self._codes()
         ctxs = self._contexts(codes, start, T)
-        x, recall = self.embed(ids, start, state.recall if state is not None else None)
+        x, recall, anchor = self.embed(ids, start, state.recall if state is not None else None)
         states, histories = [], []
         recompute = self.checkpoint_activations and self.training and torch.is_grad_enabled()
         for i, (blk, ctx) in enumerate(zip(self.blocks, ctxs)):
@@ -566,7 +607,7 @@ class Performer(nn.Module):
                 x, st, hist = blk(x, ctx, want_state)
             states.append(st)
             histories.append(hist)
-        out = self._read_out(x, want_hidden)
+        out = self._read_out(x, want_hidden, anchor)
         logits, extra = (out[0], out[1:]) if want_hidden else (out, ())
         if not want_state:
             return out
@@ -630,13 +671,13 @@ class Performer(nn.Module):
             if plan.code_buf is not None:  # the SPE codes at t, for every layer's filter
                 for i, qk in enumerate(self.spe.codes_at(plan.codes, state.pe, t)):
                     plan.code_buf[i, :, :, 0].copy_(qk)
-            x, state.recall = self.embed(next_ids[:, None], t, state.recall)
+            x, state.recall, anchor = self.embed(next_ids[:, None], t, state.recall)
             x = x[:, 0].float()
             for i, (blk, lp) in enumerate(zip(self.blocks, plan.layers)):
                 past = state.histories[i] if lp.shift_t is not None else None
                 x, state.layers[i], history = blk.step(x, lp, state.layers[i], past)
                 if history is not None:
                     state.histories[i] = history
-            out = self._read_out(x, want_hidden)
+            out = self._read_out(x, want_hidden, [a[:, 0] for a in anchor] if anchor is not None else None)
         state.position = t + 1
         return (out[0], state, out[1]) if want_hidden else (out, state)

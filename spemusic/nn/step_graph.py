@@ -275,13 +275,17 @@ class StepGraph:
             tables = state.pe[0]
             P.update(spe_offs=detach(tables.offs), spe_f2pi=detach(tables.f2pi), spe_z=detach(tables.z))
             self.code = torch.zeros(2, H, D, cfg.n_realizations)
-        self.carry = None
+        self.carry, before = None, dict(state.recall or {})
+        # the interval head's scores are added to the compiled head's logits (a few small ops)
+        self.intervals = model if model.interval_head is not None else None
         if model.bar_echo is not None:
             bar_id, lo, hi = cfg.bar_echo
             P.update(echo_rows=detach(model.bar_echo.weight.float()),
                      echo_cfg=(bar_id, lo, hi, cfg.vocab_size, cfg.echo_bars))
             self.carry = _echo_carry((state.recall or {}).get("echo"), B, bar_id, lo, hi)
-            state.recall = {"echo": self.carry["ids"]}  # the same tensor, kept current by the program
+            state.recall = {**before, "echo": self.carry["ids"]}  # the same tensor, kept current by the program
+        if self.intervals is not None and state.recall is None:
+            state.recall = {}
         self.ids = torch.zeros(B, dtype=torch.long)
         self.t = torch.zeros((), dtype=torch.float64)
         self.x = torch.zeros(B, cfg.d_model)
@@ -320,6 +324,11 @@ class StepGraph:
         for layer in self.layers:
             layer.run()
         logits, hidden = self.head.run()
+        if self.intervals is not None:
+            m = self.intervals
+            *anchor, state.recall["interval"] = recall.interval_anchor(
+                next_ids[:, None], state.recall.get("interval"), m.interval_programs, m.cfg.pitch_range, m.cfg.bar_id)
+            logits = m.add_intervals(logits, [a[:, 0] for a in anchor])
         state.position += 1
         return (logits, state, hidden) if want_hidden else (logits, state)
 

@@ -67,6 +67,15 @@ def pitch_memory_config(tokenizer: REMITokenizer) -> dict:
     return {"pitch_memory": [tokenizer.token_to_id[f"Program_{p}"] for p in PARTS], "pitch_range": [lo, hi]}
 
 
+def interval_head_config(tokenizer: REMITokenizer) -> dict:
+    """The model config fields of an interval head over the tokenizer's parts."""
+    if not tokenizer.config.parts:
+        raise OptionError("{interval_head} needs parts in the tokens: add {parts}")
+    lo, hi = tokenizer.range("Pitch")
+    return {"interval_head": [tokenizer.token_to_id[f"Program_{p}"] for p in PARTS], "pitch_range": [lo, hi],
+            "bar_id": tokenizer.bar_id}
+
+
 # the rows a fine-tune that adds the parts starts them from: the piano program POP909 was written in
 PART_ROWS_LIKE = {"Program_melody": "Program_0", "Program_bridge": "Program_0", "Program_piano": "Program_0"}
 
@@ -82,7 +91,7 @@ def widened(model: Performer, cfg: ModelConfig) -> Performer:
         new = Performer(cfg).to(model.device)
     state = {n: v for n, v in model.state_dict().items() if not n.endswith(".shift")}
     missing, unexpected = new.load_state_dict(state, strict=False)
-    assert not unexpected and all(n.endswith(".shift") or n in RECALL_PARAMETERS for n in missing), (missing, unexpected)
+    assert not unexpected and all(n.endswith(".shift") or n in RECALL_PARAMETERS + INTERVAL_PARAMETERS for n in missing), (missing, unexpected)
     with torch.no_grad():
         for old_block, new_block in zip(model.blocks, new.blocks):
             if old_block.shift is not None:  # tap j-1 weighs the token j back: the near taps carry over
@@ -126,6 +135,9 @@ def decay_groups(model: torch.nn.Module, legacy: bool = False) -> tuple[list, li
 # steps at 8e-5 left pop-piano's melody intervals as they were), so they learn faster
 # (TrainConfig.recall_lr_scale times the rate).
 RECALL_PARAMETERS = ("pitch_memory.weight", "bar_echo.weight")
+# The interval head is a table of a few hundred scores, each read by thousands of notes a step: it
+# needs scores near a nat apart within a fine-tune of a few hundred steps at the lineage's low rate.
+INTERVAL_PARAMETERS, INTERVAL_LR_SCALE = ("interval_head.weight",), 100.0
 
 
 def build_optimizer(model: Performer, lr: float, weight_decay: float, device: torch.device,
@@ -135,11 +147,14 @@ def build_optimizer(model: Performer, lr: float, weight_decay: float, device: to
     tensors) on CPUs as on GPUs: on a CPU the default foreach form took several times longer per
     optimizer step."""
     recall = [p for n, p in model.named_parameters() if n in RECALL_PARAMETERS]
-    own = {id(p) for p in recall}
+    intervals = [p for n, p in model.named_parameters() if n in INTERVAL_PARAMETERS]
+    own = {id(p) for p in recall + intervals}
     decay, no_decay = ([p for p in group if id(p) not in own] for group in decay_groups(model))
     groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     if recall:
         groups.append({"params": recall, "weight_decay": 0.0, "lr": lr * recall_lr_scale})
+    if intervals:
+        groups.append({"params": intervals, "weight_decay": 0.0, "lr": lr * INTERVAL_LR_SCALE})
     return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.95), fused=device.type in ("cuda", "cpu"))
 
 
@@ -432,8 +447,10 @@ def model_config(run: Run, base_model: Performer | None, tokenizer: REMITokenize
         return ModelConfig.from_dict(run.record["model"])
     if base_model is None:
         recall = {**(pitch_memory_config(tokenizer) if cfg.pitch_memory else {}),
+                  **(interval_head_config(tokenizer) if cfg.interval_head else {}),
                   **(bar_echo_config(tokenizer, cfg.echo_bars) if cfg.bar_echo else {})}
         extra = {"short_conv": cfg.short_conv} if cfg.short_conv >= 0 else {}
+        extra.update({"dropout": cfg.dropout} if cfg.dropout >= 0 else {})
         return ModelConfig.preset(cfg.preset, vocab_size=len(tokenizer), **recall, pe=cfg.pe, gated=cfg.gated,
                                   attention=cfg.attention, max_len=cfg.max_len or max(cfg.seq_len, 2048), **extra)
     model_cfg = base_model.cfg
@@ -444,6 +461,10 @@ def model_config(run: Run, base_model: Performer | None, tokenizer: REMITokenize
         model_cfg = replace(model_cfg, short_conv=cfg.short_conv)
     if cfg.pitch_memory and not model_cfg.pitch_memory:  # (a model that has them keeps its own)
         model_cfg = replace(model_cfg, **pitch_memory_config(tokenizer))
+    if cfg.dropout >= 0:
+        model_cfg = replace(model_cfg, dropout=cfg.dropout)
+    if cfg.interval_head and not model_cfg.interval_head:
+        model_cfg = replace(model_cfg, **interval_head_config(tokenizer))
     if cfg.bar_echo:  # added, or read over `echo_bars` bars from now on
         model_cfg = replace(model_cfg, **bar_echo_config(tokenizer, cfg.echo_bars))
     if model_cfg.has_absolute_pe and cfg.seq_len > model_cfg.max_len:
