@@ -551,7 +551,7 @@ TRAIN_OPTIONS = {
                  "pattern, an accompaniment's figure). Added to an --init-from model at zero.")),
     "echo_bars": ("Model", ("With --bar-echo: the bars it reads back. Each token sees what most of them had at "
                   "its place (ties: the nearest bar), so a slip in one bar does not carry forward.")),
-    "recall_lr_scale": ("Optimisation", ("The --pitch-memory, --interval-head and --bar-echo tables learn this many times faster than "
+    "recall_lr_scale": ("Optimisation", ("The --pitch-memory and --bar-echo tables learn this many times faster than "
                         "the rest (they start at zero).")),
     "max_len": ("Model", ("Longest sequence of an absolute PE (ape, sinusoidal, axial; axial-continuous is scaled "
                 "to it) at generation/eval; SPE has "

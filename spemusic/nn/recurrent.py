@@ -75,7 +75,8 @@ class State:
     pe: list = field(default_factory=list)
     plan: StepPlan = field(default=None, repr=False)  # set by Performer.prime / init_state
     histories: list = field(default_factory=list)  # per layer, its last K inputs (B, K, d) newest first (short_conv)
-    recall: dict | None = None  # what spemusic.nn.recall carries from token to token ("pitch", "echo", "interval": tensors), or None
+    # what spemusic.nn.recall carries from token to token ("pitch", "echo", "interval": tensors), or None
+    recall: dict | None = None
 
     def clone(self) -> State:
         return State(

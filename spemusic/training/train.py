@@ -91,7 +91,8 @@ def widened(model: Performer, cfg: ModelConfig) -> Performer:
         new = Performer(cfg).to(model.device)
     state = {n: v for n, v in model.state_dict().items() if not n.endswith(".shift")}
     missing, unexpected = new.load_state_dict(state, strict=False)
-    assert not unexpected and all(n.endswith(".shift") or n in RECALL_PARAMETERS + INTERVAL_PARAMETERS for n in missing), (missing, unexpected)
+    added = RECALL_PARAMETERS + INTERVAL_PARAMETERS
+    assert not unexpected and all(n.endswith(".shift") or n in added for n in missing), (missing, unexpected)
     with torch.no_grad():
         for old_block, new_block in zip(model.blocks, new.blocks):
             if old_block.shift is not None:  # tap j-1 weighs the token j back: the near taps carry over
