@@ -54,6 +54,8 @@ def pick_dtype(precision: str, device: torch.device, model_cfg: ModelConfig | No
     if precision == "bf16":
         if device.type == "cuda" and not torch.cuda.is_bf16_supported():
             raise OptionError("{precision} bf16: this GPU does not support bfloat16")
+        if device.type == "cpu" and not cpu_has_fast_bf16():  # (AVX2 only: bf16 products ran 60x slower than fp32)
+            return torch.bfloat16, "asked; this CPU has no bf16 instructions, so it is emulated, far slower than fp32"
         return torch.bfloat16, "asked"
     if device.type == "cuda":
         ok = torch.cuda.is_bf16_supported()
