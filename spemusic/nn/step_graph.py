@@ -11,7 +11,8 @@ inductor's C++ in a shared library), each a few fused loops:
   the keys of the tokens before are carried with them, so a token computes only its own key and
   searches the carried ones (the parallel path recomputes every key of its 2,048-token context);
 * a layer, run once per layer on that layer's weights and state;
-* the head: the final norm and the logits.
+* the head: the final norm and the logits (and the interval head's scores, with the part and
+  last pitch the input program found).
 
 Each updates its inputs in place (the token's activations, the layer's attention state and
 short-convolution history, the echo's carry), so the calls pass the same tensors every token and
@@ -23,7 +24,7 @@ products. Compiling takes seconds once per model shape, batch and machine; the p
 kept in the user's cache (`cache_dir()`), so later runs load them in milliseconds.
 
 Served: FAVOR+ models with sineSPE shared by the layers (or no positional encoding), with or
-without the bar echo and the short convolution: both shipped models. Other models, machines
+without the bar echo, the interval head and the short convolution: both shipped models. Other models, machines
 where compiling is unavailable (no C++ compiler, TORCH_COMPILE_DISABLE=1, SPEMUSIC_COMPILE=0) and
 failed compiles run `Performer.step` (`StepGraph.unavailable` says why). Rounding differs from
 `Performer.step` in the last bits; the same seed gives the same tokens on the same machine
@@ -114,10 +115,28 @@ def _echo(ids: torch.Tensor, carry: dict, cfg: tuple) -> torch.Tensor:
     return echo
 
 
+def _intervals(ids: torch.Tensor, iv: dict, P: dict) -> None:
+    """recall.interval_anchor for one token per row, ids (B,): its anchor and table written into
+    iv's, its carry (B, 1 + 2S) updated in place."""
+    programs, (lo, hi, bar_id) = P["interval_programs"], P["interval_cfg"]
+    carry = iv["carry"]
+    S = programs.shape[0]
+    hit = ((ids >= lo) & (ids < hi))[:, None] & (carry[:, :1] == programs)  # (B, S): a part's pitch
+    held = torch.where(hit, (ids - lo + 1)[:, None], carry[:, 1:1 + S])
+    crossed = torch.where(hit, 0, torch.where((ids == bar_id)[:, None], 1, carry[:, 1 + S:]))
+    slot = ids[:, None] == programs
+    iv["anchor"].copy_(torch.where(slot, held, 0).sum(-1) - 1)
+    iv["table"].copy_(torch.where(slot, 2 * torch.arange(S) + crossed, 0).sum(-1))
+    carry.copy_(torch.cat([ids[:, None], held, crossed], 1))
+
+
 def _input(ids: torch.Tensor, t: torch.Tensor, x: torch.Tensor, code: torch.Tensor | None,
-           carry: dict | None, P: dict) -> None:
+           carry: dict | None, iv: dict | None, P: dict) -> None:
     """The token ids (B,) at position t () float64 -> x (B, d): its embedding (and bar echo); code
-    (2, H, D, R): the sineSPE code [Q̄_t; K̄_t] (SineSPE.code_at). Written in place."""
+    (2, H, D, R): the sineSPE code [Q̄_t; K̄_t] (SineSPE.code_at); with an interval head, where it
+    reads (`_intervals`). Written in place."""
+    if iv is not None:
+        _intervals(ids, iv, P)
     emb = P["tok"][ids]
     if carry is not None:
         emb = emb + P["echo_rows"][_echo(ids, carry, P["echo_cfg"])]
@@ -158,10 +177,18 @@ def _layer(x: torch.Tensor, S: torch.Tensor, hist: torch.Tensor | None, code: to
     x.copy_(h + _linear(F.gelu(_linear(_norm(h, L["ln2"]), *L["ff1"])), *L["ff2"]))
 
 
-def _head(x: torch.Tensor, P: dict) -> tuple[torch.Tensor, torch.Tensor]:
-    """-> (logits (B, V), the final-normed state (B, d))."""
+def _head(x: torch.Tensor, iv: dict | None, P: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """-> (logits (B, V), the final-normed state (B, d)); with an interval head, its scores added
+    to the Pitch logits (Performer.add_intervals)."""
     h = _norm(x, P["ln_f"])
-    return _linear(h, P["tok"], None), h
+    logits = _linear(h, P["tok"], None)
+    if iv is not None:
+        rows, (lo, K) = P["interval_rows"], P["interval_reach"]
+        interval = torch.arange(128) - iv["anchor"][:, None]
+        which = torch.where(interval.abs() <= K, interval + K, 2 * K + 1)
+        scores = rows[iv["table"]].gather(-1, which) * (iv["anchor"] >= 0)[:, None]
+        logits = torch.cat([logits[:, :lo], logits[:, lo:lo + 128] + scores, logits[:, lo + 128:]], 1)
+    return logits, h
 
 
 class _Fn(torch.nn.Module):
@@ -275,17 +302,23 @@ class StepGraph:
             tables = state.pe[0]
             P.update(spe_offs=detach(tables.offs), spe_f2pi=detach(tables.f2pi), spe_z=detach(tables.z))
             self.code = torch.zeros(2, H, D, cfg.n_realizations)
-        self.carry, before = None, dict(state.recall or {})
-        # the interval head's scores are added to the compiled head's logits (a few small ops)
-        self.intervals = model if model.interval_head is not None else None
+        self.carry, self.iv = None, None
+        if model.interval_head is not None:
+            lo, hi = cfg.pitch_range
+            P.update(interval_programs=torch.tensor(cfg.interval_head), interval_cfg=(lo, hi, cfg.bar_id),
+                     interval_rows=detach(model.interval_head.weight.float()), interval_reach=(lo, cfg.interval_reach))
+            carry = (state.recall or {}).get("interval")
+            if carry is None:
+                carry = torch.cat([torch.full((B, 1), -1), torch.zeros(B, 2 * len(cfg.interval_head))], 1).long()
+            self.iv = {"carry": carry.contiguous(), "anchor": torch.zeros(B, dtype=torch.long),
+                       "table": torch.zeros(B, dtype=torch.long)}
+            state.recall = {**(state.recall or {}), "interval": self.iv["carry"]}  # kept current by the program
         if model.bar_echo is not None:
             bar_id, lo, hi = cfg.bar_echo
             P.update(echo_rows=detach(model.bar_echo.weight.float()),
                      echo_cfg=(bar_id, lo, hi, cfg.vocab_size, cfg.echo_bars))
             self.carry = _echo_carry((state.recall or {}).get("echo"), B, bar_id, lo, hi)
-            state.recall = {**before, "echo": self.carry["ids"]}  # the same tensor, kept current by the program
-        if self.intervals is not None and state.recall is None:
-            state.recall = {}
+            state.recall = {**(state.recall or {}), "echo": self.carry["ids"]}  # the same tensor, kept current
         self.ids = torch.zeros(B, dtype=torch.long)
         self.t = torch.zeros((), dtype=torch.float64)
         self.x = torch.zeros(B, cfg.d_model)
@@ -308,10 +341,10 @@ class StepGraph:
             layers.append(L)
         hist = lambda i: state.histories[i] if cfg.short_conv else None  # noqa: E731
         tag = f"{cfg.vocab_size}v{cfg.n_layers}x{cfg.d_model}-b{B}-{str(plan.weights_dtype).split('.')[-1]}"
-        self.input = _Program(_input, (self.ids, self.t, self.x, self.code, self.carry, P), f"input-{tag}")
+        self.input = _Program(_input, (self.ids, self.t, self.x, self.code, self.carry, self.iv, P), f"input-{tag}")
         self.layers = [_Program(_layer, (self.x, state.layers[i], hist(i), self.code, L), f"layer-{tag}")
                        for i, L in enumerate(layers)]
-        self.head = _Program(_head, (self.x, P), f"head-{tag}")
+        self.head = _Program(_head, (self.x, self.iv, P), f"head-{tag}")
 
     @torch.no_grad()
     def __call__(self, state: State, next_ids: torch.Tensor, want_hidden: bool = False):
@@ -324,11 +357,6 @@ class StepGraph:
         for layer in self.layers:
             layer.run()
         logits, hidden = self.head.run()
-        if self.intervals is not None:
-            m = self.intervals
-            *anchor, state.recall["interval"] = recall.interval_anchor(
-                next_ids[:, None], state.recall.get("interval"), m.interval_programs, m.cfg.pitch_range, m.cfg.bar_id)
-            logits = m.add_intervals(logits, [a[:, 0] for a in anchor])
         state.position += 1
         return (logits, state, hidden) if want_hidden else (logits, state)
 
