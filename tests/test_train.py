@@ -456,25 +456,32 @@ def test_pitch_memory_and_bar_echo_fine_tune(run_cli, pop_subset, pop_cache, tmp
     options = dict(seq_len=128, batch_size=8, steps=15, lr=3e-3, warmup=2, log_every=1, val_every=15,
                    precision="fp32", seed=3)
     losses = {}
-    for name, extra in (("plain", {}), ("memory", {"pitch_memory": True}), ("echo", {"bar_echo": True})):
+    for name, extra in (("plain", {}), ("memory", {"pitch_memory": True}), ("echo", {"bar_echo": True}),
+                        ("intervals", {"interval_head": True})):
         train(TrainConfig(data=str(cache), init_from=str(tmp_path / "base" / "best"), **extra, **options),
               tmp_path / name)
         losses[name] = [m["train_loss"] for m in _metrics(tmp_path / name)]
-    for name in ("memory", "echo"):  # same batches, same function at step 1
+    for name in ("memory", "echo", "intervals"):  # same batches, same function at step 1
         assert losses[name][0] == pytest.approx(losses["plain"][0], abs=1e-3)
     model, tok = load_model(tmp_path / "memory" / "last")
     assert model.cfg.pitch_memory == [tok.token_to_id[f"Program_{p}"] for p in ("melody", "bridge", "piano")]
     assert model.pitch_memory.weight.abs().sum() > 0 and model.bar_echo is None
     model, tok = load_model(tmp_path / "echo" / "last")
     assert model.cfg.bar_echo == [tok.bar_id, *tok.range("Position")] and model.bar_echo.weight.abs().sum() > 0
-    code, _, err = run_cli("train", pop_cache, "-o", tmp_path / "x", "--preset", "tiny", "--pitch-memory",
-                           "--steps", 1)
-    assert code == 1 and "--pitch-memory needs parts" in err and "Traceback" not in err
+    model, tok = load_model(tmp_path / "intervals" / "last")
+    assert model.cfg.interval_head == [tok.token_to_id[f"Program_{p}"] for p in ("melody", "bridge", "piano")]
+    assert model.cfg.bar_id == tok.bar_id and model.interval_head.weight.abs().sum() > 0
+    for flag in ("--pitch-memory", "--interval-head"):
+        code, _, err = run_cli("train", pop_cache, "-o", tmp_path / "x", "--preset", "tiny", flag, "--steps", 1)
+        assert code == 1 and f"{flag} needs parts" in err and "Traceback" not in err
+    code, _, err = run_cli("train", pop_cache, "-o", tmp_path / "x", "--preset", "tiny", "--dropout", 1.5, "--steps", 1)
+    assert code == 1 and "--dropout must be in [0, 1)" in err and "Traceback" not in err
     # a melody-first layout goes through each bar twice: its echo reads each pass from its own
     first = tmp_path / "melody-first"
     prepare(pop_subset, first, workers=1, config=TokenizerConfig(parts=True, melody_first=True))
     code, _, err = run_cli("train", first, "-o", tmp_path / "y", "--preset", "tiny", "--bar-echo", "--steps", 2,
-                           "--seq-len", 128, "--batch-size", 2, "--val-every", 2)
+                           "--seq-len", 128, "--batch-size", 2, "--val-every", 2, "--dropout", 0.1)
     assert code == 0, err
     model, tok = load_model(tmp_path / "y" / "last")
     assert model.cfg.bar_echo == [tok.bar_id, *tok.range("Position")] and tok.config.melody_first
+    assert model.cfg.dropout == 0.1 and not model.training  # (dropout in training only)
