@@ -356,13 +356,19 @@ def pop_piano(args, opts) -> dict:
 
 
 def groove(args, opts) -> dict:
-    from spemusic.music.metrics import backbeat_share, backbone_similarity, drum_onsets_per_bar, note_grid
+    from spemusic.music.metrics import backbeat_bars, backbeat_share, backbone_similarity, drum_onsets_per_bar, note_grid
+
+    def backbeat_kept(ids) -> float:
+        """The share of the bars after the 2-bar prompt with a snare on beats 2 and 4 (nan: none in 4/4)."""
+        after = [v for b, v in backbeat_bars(note_grid(ids, tok)).items() if b >= 2]
+        return float(np.mean(after)) if after else float("nan")
 
     model, tok = load_model(args.groove_model)
     cache = open_dataset(DATA / "groove", tok.config)
     sources = [np.asarray(s) for s in cache.sequences("valid") if np.count_nonzero(np.asarray(s) == tok.bar_id) >= 4]
     sources = sources[:: max(1, len(sources) // args.prompts)][: args.prompts]
     sims, real, backbone = [], [], []
+    kept, kept_real = [], []  # prompts on a backbeat in both bars: the share of later bars that keep it
     whole, whole_real = [], []  # the same against the whole source piece
     t0 = time.perf_counter()
     for i, src in enumerate(sources):
@@ -380,6 +386,10 @@ def groove(args, opts) -> dict:
             bar = backbone_similarity(src, own, tok, prompt_bars=2)
             if np.isfinite(bar):
                 backbone += [np.nan_to_num(backbone_similarity(src, out, tok, prompt_bars=2)) >= bar for out in outs]
+            opening = backbeat_bars(note_grid(prompt, tok))
+            if len(opening) == 2 and all(opening.values()):
+                kept.append(np.nanmean([backbeat_kept(out) for out in outs]))
+                kept_real.append(backbeat_kept(own))
     sims, real = np.array(sims), np.array(real)
     q, qr = np.nanmean(sims, axis=0), np.nanmean(real, axis=0)
     # bootstrap over prompts: each quarter's mean and the last/first ratio, with their 90% intervals
@@ -404,6 +414,9 @@ def groove(args, opts) -> dict:
     share = float(np.mean(backbone)) if backbone else float("nan")
     print(f"kick and snare: {share:.3f} of {len(backbone)} continuations keep the prompt's places (16ths) at least as "
           "well as the piece's own next bars")
+    print(f"backbeat: after the {len(kept)} prompts with a snare on beats 2 and 4 in both bars, "
+          f"{np.nanmean(kept) if kept else float('nan'):.3f} of the continuations' bars keep it; the pieces' own next bars "
+          f"{np.nanmean(kept_real) if kept_real else float('nan'):.3f}")
     scratch = sample(model, tok, num=args.scratch, bars=8, seed=10_000 + args.seed, options=opts).ids
     gen_grids, real_grids = [note_grid(s, tok) for s in scratch], [note_grid(s, tok) for s in sources]
     print(f"from scratch ({args.scratch} pieces of 8 bars) against the {len(sources)} valid pieces:")
@@ -416,7 +429,9 @@ def groove(args, opts) -> dict:
     return {"model": str(args.groove_model), "quarters": q.tolist(), "quarters_90": [q_lo.tolist(), q_hi.tolist()],
             "ratio": float(q[3] / q[0]), "ratio_90": [float(lo), float(hi)], "real_quarters": qr.tolist(),
             "whole_source_quarters": w.tolist(), "whole_source_real_quarters": wr.tolist(),
-            "backbone_share": share, "from_scratch": scratch_rows, "per_prompt": sims.tolist()}
+            "backbone_share": share, "backbeat_kept": [float(np.nanmean(kept)) if kept else None,
+                                                       float(np.nanmean(kept_real)) if kept_real else None],
+            "from_scratch": scratch_rows, "per_prompt": sims.tolist()}
 
 
 if __name__ == "__main__":

@@ -105,6 +105,18 @@ def test_continuation_similarity_per_quarter():
     assert np.array_equal(g.onset[:4], [0, 12, 24, 36])
 
 
+def test_backbeat_bars():
+    """A bar keeps the backbeat with a snare on beats 2 and 4; one on beat 2 alone does not."""
+    from spemusic.music.metrics import backbeat_bars, backbeat_share
+
+    tok = REMITokenizer()
+    kick = [(b, p, 36, True) for b in range(3) for p in (0, 24)]
+    snares = [(0, 12, 38, True), (0, 36, 38, True), (1, 12, 38, True), (2, 12, 40, True), (2, 36, 40, True)]
+    g = note_grid(_ids(tok, kick + snares, bars=3), tok)
+    assert backbeat_bars(g) == {0: True, 1: False, 2: True}
+    assert backbeat_share(g) == pytest.approx(2 / 3)
+
+
 def test_metrics_command(run_cli, examples, tmp_path):
     code, out, err = run_cli("eval", "--metrics", examples["piano"], "--reference", examples["groove"].parent,
                              "--json", tmp_path / "m.json")

@@ -395,13 +395,17 @@ def _in_16ths(g: NoteGrid, pitches) -> tuple[np.ndarray, np.ndarray]:
     return g.bar[sel], np.rint(g.pos[sel] * 4 / g.res).astype(np.int64)
 
 
+def backbeat_bars(g: NoteGrid) -> dict[int, bool]:
+    """Per 4/4 bar with a note (its index): whether it has a snare on beat 2 and on beat 4 (to the 16th)."""
+    bars, sixteenths = _in_16ths(g, SNARES)
+    return {int(b): {4, 12} <= set(sixteenths[bars == b].tolist()) for b in np.unique(g.bar)
+            if g.bar_len[b] == 4 * g.res}
+
+
 def backbeat_share(g: NoteGrid) -> float:
     """The share of 4/4 bars with a note that have a snare on beat 2 and on beat 4 (to the 16th)."""
-    bars, sixteenths = _in_16ths(g, SNARES)
-    full = [b for b in np.unique(g.bar) if g.bar_len[b] == 4 * g.res]
-    if not full:
-        return float("nan")
-    return float(np.mean([{4, 12} <= set(sixteenths[bars == b].tolist()) for b in full]))
+    bars = backbeat_bars(g)
+    return float(np.mean(list(bars.values()))) if bars else float("nan")
 
 
 def drum_onsets_per_bar(g: NoteGrid) -> float:
