@@ -651,6 +651,27 @@ def test_activation_checkpointing_gives_the_same_gradients(pe):
         torch.testing.assert_close(grads[1][n], grads[0][n], rtol=1e-5, atol=1e-6, msg=n)
 
 
+def _parts_stream() -> torch.Tensor:
+    """(2, 300) random ids over a vocabulary of 160 where Programs 10 and 11 are often followed by
+    a Pitch (ids 20-147)."""
+    ids = torch.randint(0, 160, (2, 300), generator=torch.Generator().manual_seed(3))
+    ids[:, ::7] = 10
+    ids[:, 1::7] = torch.randint(20, 148, ids[:, 1::7].shape)
+    ids[:, 3::11] = 11
+    return ids
+
+
+def _primed_then_stepped(m: Performer, ids: torch.Tensor) -> torch.Tensor:
+    """The logits of a prompt of 100 tokens primed in chunks of 33, then one token at a time: what
+    the stream features carry across chunks and into the steps."""
+    lp, st = m.prime(ids[:, :100], chunk=33)
+    outs = [lp]
+    for t in range(100, ids.shape[1]):
+        logits, st = m.step(st, ids[:, t])
+        outs.append(logits[:, None])
+    return torch.cat(outs, 1)
+
+
 def test_pitch_memory_parallel_equals_recurrent_and_starts_at_zero():
     from dataclasses import replace
 
@@ -659,10 +680,7 @@ def test_pitch_memory_parallel_equals_recurrent_and_starts_at_zero():
     torch.manual_seed(0)
     base = Performer(ModelConfig.preset("tiny", vocab_size=160)).eval()
     cfg = replace(base.cfg, pitch_memory=[10, 11], pitch_range=[20, 148])
-    ids = torch.randint(0, 160, (2, 300), generator=torch.Generator().manual_seed(3))
-    ids[:, ::7] = 10  # programs followed by pitches, often
-    ids[:, 1::7] = torch.randint(20, 148, ids[:, 1::7].shape)
-    ids[:, 3::11] = 11
+    ids = _parts_stream()
     m = widened(base, cfg).eval()
     base.resample(1), m.resample(1)
     with torch.no_grad():
@@ -670,12 +688,7 @@ def test_pitch_memory_parallel_equals_recurrent_and_starts_at_zero():
         m.pitch_memory.weight.normal_(0.0, 1.0)
         full = m(ids)
     assert (full - base(ids).detach()).abs().max() > 0.1
-    lp, st = m.prime(ids[:, :100], chunk=33)  # memory carried across prompt chunks and into the steps
-    outs = [lp]
-    for t in range(100, 300):
-        logits, st = m.step(st, ids[:, t])
-        outs.append(logits[:, None])
-    assert (torch.cat(outs, 1) - full).abs().max().item() <= 1e-4
+    assert (_primed_then_stepped(m, ids) - full).abs().max().item() <= 1e-4
     # what is remembered: the pitch right after each Program, held until the next
     from spemusic.nn.recall import pitch_memory
 
@@ -704,10 +717,7 @@ def test_interval_head_parallel_equals_recurrent_and_scores_the_interval_from_th
     torch.manual_seed(0)
     base = Performer(ModelConfig.preset("tiny", vocab_size=160)).eval()
     cfg = replace(base.cfg, interval_head=[10, 11], pitch_range=[20, 148], bar_id=3, interval_reach=12)
-    ids = torch.randint(0, 160, (2, 300), generator=torch.Generator().manual_seed(3))
-    ids[:, ::7] = 10  # programs followed by pitches, often
-    ids[:, 1::7] = torch.randint(20, 148, ids[:, 1::7].shape)
-    ids[:, 3::11] = 11
+    ids = _parts_stream()
     ids[:, 5::23] = 3  # bars
     m = widened(base, cfg).eval()
     base.resample(1), m.resample(1)
@@ -717,12 +727,7 @@ def test_interval_head_parallel_equals_recurrent_and_scores_the_interval_from_th
         full = m(ids)
     changed = (full - base(ids).detach()).abs().amax(-1)  # (B, T): only where a Program opens a note
     assert changed[ids == 10].max() > 0.1 and changed[(ids != 10) & (ids != 11)].max() == 0
-    lp, st = m.prime(ids[:, :100], chunk=33)  # carried across prompt chunks and into the steps
-    outs = [lp]
-    for t in range(100, 300):
-        logits, st = m.step(st, ids[:, t])
-        outs.append(logits[:, None])
-    assert (torch.cat(outs, 1) - full).abs().max().item() <= 1e-4
+    assert (_primed_then_stepped(m, ids) - full).abs().max().item() <= 1e-4
     anchor, table, _ = interval_anchor(ids, None, m.interval_programs, m.cfg.pitch_range, 3)
     for b in range(2):
         seq = ids[b].tolist()

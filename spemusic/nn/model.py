@@ -510,8 +510,8 @@ class Performer(nn.Module):
     def embed(self, ids: torch.Tensor, start: int, carry: dict | None = None) -> tuple:
         """Token ids (B, T) at positions start.. -> ((B, T, d) with the absolute PE, if any, and
         the stream features; what those carry after these tokens, None for a model without them;
-        where the interval head reads (its anchors and tables, each (B, T)), None without it). `carry`: what they carried before
-        these tokens (State.recall)."""
+        where the interval head reads, (anchors, tables) each (B, T), None without it). `carry`:
+        what they carried before these tokens (State.recall)."""
         x = self.tok(ids)
         if self.abs_pe is not None:
             x = x + self.abs_pe(start, ids.shape[1], ids.device).to(x.dtype)

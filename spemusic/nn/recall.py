@@ -40,21 +40,29 @@ ECHO_PLACES = 128
 ECHO_SWEEPS = 4
 
 
-def pitch_memory(ids: torch.Tensor, carry: torch.Tensor | None, programs: torch.Tensor, pitch_range) -> tuple:
-    """Rows (B, T, S) of the pitch memory's table for ids (B, T): 129 * s + 1 + the last pitch
-    written after Program `programs[s]`, or 129 * s for none yet; and the carry after `ids`
-    (B, 1 + S): the last token, then the last pitch + 1 of each slot."""
+def _held_pitches(ids: torch.Tensor, carry: torch.Tensor, programs: torch.Tensor, pitch_range) -> tuple:
+    """For ids (B, T) and the carry before them (B, 1 + S: the last token, each slot's last pitch
+    + 1), each (B, T, S): the index in ids of each slot's latest pitch so far (-1: none in ids),
+    and the last pitch + 1 written after Program `programs[s]` (0: none yet)."""
     B, T = ids.shape
     S = len(programs)
-    if carry is None:
-        carry = torch.cat([ids.new_full((B, 1), -1), ids.new_zeros(B, S)], 1)
     lo, hi = pitch_range
     before = torch.cat([carry[:, :1], ids[:, :-1]], 1)
     hits = ((ids >= lo) & (ids < hi))[..., None] & (before[..., None] == programs)  # (B, T, S)
     where = torch.arange(T, device=ids.device)[None, :, None].expand(B, T, S)
-    latest = torch.where(hits, where, -1).cummax(1).values  # index of each slot's latest pitch so far
+    latest = torch.where(hits, where, -1).cummax(1).values
     pitch = (ids - lo + 1)[..., None].expand(B, T, S).gather(1, latest.clamp(min=0))
-    held = torch.where(latest >= 0, pitch, carry[:, None, 1:])
+    return latest, torch.where(latest >= 0, pitch, carry[:, None, 1:1 + S])
+
+
+def pitch_memory(ids: torch.Tensor, carry: torch.Tensor | None, programs: torch.Tensor, pitch_range) -> tuple:
+    """Rows (B, T, S) of the pitch memory's table for ids (B, T): 129 * s + 1 + the last pitch
+    written after Program `programs[s]`, or 129 * s for none yet; and the carry after `ids`
+    (B, 1 + S): the last token, then the last pitch + 1 of each slot."""
+    B, S = ids.shape[0], len(programs)
+    if carry is None:
+        carry = torch.cat([ids.new_full((B, 1), -1), ids.new_zeros(B, S)], 1)
+    _, held = _held_pitches(ids, carry, programs, pitch_range)
     return held + 129 * torch.arange(S, device=ids.device), torch.cat([ids[:, -1:], held[:, -1]], 1)
 
 
@@ -69,13 +77,8 @@ def interval_anchor(ids: torch.Tensor, carry: torch.Tensor | None, programs: tor
     S = len(programs)
     if carry is None:
         carry = torch.cat([ids.new_full((B, 1), -1), ids.new_zeros(B, 2 * S)], 1)
-    lo, hi = pitch_range
-    before = torch.cat([carry[:, :1], ids[:, :-1]], 1)
-    hits = ((ids >= lo) & (ids < hi))[..., None] & (before[..., None] == programs)  # (B, T, S)
+    latest, held = _held_pitches(ids, carry, programs, pitch_range)  # (the carry's first 1 + S columns)
     t = torch.arange(T, device=ids.device)
-    latest = torch.where(hits, t[None, :, None], -1).cummax(1).values  # index of each slot's latest pitch
-    pitch = (ids - lo + 1)[..., None].expand(B, T, S).gather(1, latest.clamp(min=0))
-    held = torch.where(latest >= 0, pitch, carry[:, None, 1:1 + S])
     bar_at = torch.where(ids == bar_id, t, -1).cummax(1).values[..., None]  # (B, T, 1)
     crossed = torch.where(latest >= 0, bar_at > latest, (bar_at >= 0) | (carry[:, None, 1 + S:] > 0)).long()
     slot = ids[..., None] == programs
