@@ -551,6 +551,10 @@ TRAIN_OPTIONS = {
                  "pattern, an accompaniment's figure). Added to an --init-from model at zero.")),
     "echo_bars": ("Model", ("With --bar-echo: the bars it reads back. Each token sees what most of them had at "
                   "its place (ties: the nearest bar), so a slip in one bar does not carry forward.")),
+    "echo_head": ("Model", ("The tokens that followed the same place 1, 2, 4 and 8 bars back are also scored as "
+                  "the next token, each by how many of the last 16 tokens its lag named right: a repeated "
+                  "phrase or a held pattern is copied once it holds. Needs --bar-echo or a model with it; "
+                  "added to an --init-from model at zero.")),
     "recall_lr_scale": ("Optimisation", ("The --pitch-memory and --bar-echo tables learn this many times faster than "
                         "the rest (they start at zero).")),
     "max_len": ("Model", ("Longest sequence of an absolute PE (ape, sinusoidal, axial; axial-continuous is scaled "
@@ -647,6 +651,7 @@ def train(
     interval_head: bool | None = _train_option("interval_head", "--interval-head/--no-interval-head"),
     bar_echo: bool | None = _train_option("bar_echo", "--bar-echo/--no-bar-echo"),
     echo_bars: int | None = _train_option("echo_bars", "--echo-bars"),
+    echo_head: bool | None = _train_option("echo_head", "--echo-head/--no-echo-head"),
     recall_lr_scale: float | None = _train_option("recall_lr_scale", "--recall-lr-scale"),
     seed: int | None = _train_option("seed"),
     max_len: int | None = _train_option("max_len", "--max-len"),

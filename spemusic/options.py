@@ -90,6 +90,8 @@ class TrainConfig:
                                  # parts; added at zero to a fine-tuned model without it)
     bar_echo: bool = False       # every token sees what came next at its place one bar back (added at zero)
     echo_bars: int = 1           # with bar_echo: the bars it reads back, echoing what most of them had there
+    echo_head: bool = False      # the echoes 1, 2, 4 and 8 bars back also scored as the next token, by how often
+                                 # each was right lately (needs the bar echo; added at zero)
     recall_lr_scale: float = 10.0  # the stream features' tables learn this many times faster than the rest
 
     def check(self) -> None:

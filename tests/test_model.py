@@ -790,9 +790,10 @@ def _bar_stream(batch: int, bars: int, seed: int) -> torch.Tensor:
     return torch.tensor([r[:n] for r in rows])
 
 
-def _echo_reference(seq: list[int], bars: int = 1) -> list[int]:
+def _echo_reference(seq: list[int], bars: int = 1, lag: int | None = None) -> list[int]:
     """bar_echo by its definition, one token at a time: -1 where no bar before is known. Over
-    several bars, the echo most of them give (ties: the nearest bar's)."""
+    several bars, the echo most of them give (ties: the nearest bar's). `lag`: the echo of that
+    bar back alone (the echo head's candidate)."""
     from collections import Counter
 
     from spemusic.nn.recall import ECHO_PLACES, ECHO_SWEEPS
@@ -812,7 +813,7 @@ def _echo_reference(seq: list[int], bars: int = 1) -> list[int]:
             since += 1
         place = (sweep, pos, min(since, ECHO_PLACES - 1))
         echoes = []
-        for bar in done[::-1][:bars] if cur is not None else []:
+        for bar in (done[::-1][:bars] if lag is None else done[::-1][lag - 1:lag]) if cur is not None else []:
             earlier = [(p, i) for p, i in bar if p <= place]
             if earlier:
                 echoes.append(seq[max(earlier)[1] + 1])
@@ -857,6 +858,62 @@ def test_bar_echo_is_the_next_token_one_bar_back_and_the_same_one_token_at_a_tim
         outs.append(logits[:, None])
     assert (torch.cat(outs, 1) - full[:, :300]).abs().max().item() <= 1e-4
     assert (m.prime(ids[:, :1])[0] - full[:, :1]).abs().max().item() <= 1e-4
+
+
+def test_echo_head_scores_each_lag_echo_by_how_often_it_was_right_and_the_same_one_token_at_a_time():
+    """The candidates are the echoes of exactly 1, 2, 4 bars back; the agreement counts the last
+    `window` tokens (the current one included) each lag named right; the head adds its row's score
+    to its candidate's logit and nothing else. Added at zero it is the same function; scored, the
+    parallel pass, a chunked prompt and the steps agree, past the carried context too."""
+    from dataclasses import replace
+
+    from spemusic.nn.recall import ECHO_CONTEXT, echo_features
+    from spemusic.training.train import widened
+
+    ids = _bar_stream(2, 120, seed=6)
+    assert ids.shape[1] > ECHO_CONTEXT
+    lags, window = (1, 2, 4), 5
+    _, (cands, agree), _ = echo_features(ids, None, 1, (2, 50), 150, 1, lags, window)
+    for b in range(2):
+        seq = ids[b].tolist()
+        for k, lag in enumerate(lags):
+            ref = _echo_reference(seq, lag=lag)
+            assert [c if c != 150 else -1 for c in cands[b, :, k].tolist()] == ref
+            right = [0] + [int(ref[t - 1] == seq[t]) for t in range(1, len(seq))]  # the lag named token t
+            assert agree[b, :, k].tolist() == [sum(right[max(t - window + 1, 0):t + 1]) for t in range(len(seq))]
+    assert agree.float().mean() > 0.5 and (agree == window).any()  # the stream repeats bars
+    torch.manual_seed(0)
+    base = Performer(ModelConfig.preset("tiny", vocab_size=150, bar_echo=[1, 2, 50], echo_bars=2)).eval()
+    m = widened(base, replace(base.cfg, echo_head=list(lags), echo_window=window)).eval()
+    base.resample(2), m.resample(2)
+    with torch.no_grad():
+        assert torch.equal(m(ids), base(ids))
+        m.echo_head.weight.normal_(0.0, 1.0)
+        full = m(ids)
+        moved = full - base(ids)
+    c, a = cands, agree
+    expected = torch.zeros_like(moved)
+    for k in range(len(lags)):
+        found = c[..., k] < 150
+        expected.scatter_add_(-1, c[..., k:k + 1].clamp(max=149), (m.echo_head.weight[k, a[..., k]] * found)[..., None])
+    assert (moved - expected).abs().max().item() <= 1e-4
+    lp, st = m.prime(ids[:, :700], chunk=300)
+    outs = [lp]
+    for t in range(700, ids.shape[1]):
+        logits, st = m.step(st, ids[:, t])
+        outs.append(logits[:, None])
+    assert (torch.cat(outs, 1) - full).abs().max().item() <= 1e-4
+    assert (_primed_then_stepped(m, ids[:, :300]) - full[:, :300]).abs().max().item() <= 1e-4
+
+
+def test_echo_head_config_errors():
+    with pytest.raises(SpemusicError, match="needs the bar echo"):
+        ModelConfig.preset("tiny", vocab_size=V, echo_head=[1, 2])
+    for lags in ([0], [9], [2, 1], [1, 1], "1,2"):
+        with pytest.raises(SpemusicError, match="echo_head must be"):
+            ModelConfig.preset("tiny", vocab_size=V, bar_echo=[1, 2, 50], echo_head=lags)
+    with pytest.raises(SpemusicError, match="echo_window"):
+        ModelConfig.preset("tiny", vocab_size=V, bar_echo=[1, 2, 50], echo_head=[1], echo_window=0)
 
 
 def test_bar_echo_of_a_melody_first_bar_echoes_each_pass_from_its_own():

@@ -37,13 +37,14 @@ def song(shared_data):
 
 def _model(tok, **changes) -> Performer:
     """A small random model in pop-piano's vocabulary, with its bar echo over 4 bars, its short
-    convolution, its interval head and gated sineSPE; its echo rows, intervals and convolution
-    drawn large enough to matter."""
+    convolution, its interval head, an echo head and gated sineSPE; its echo rows, both heads'
+    scores and the convolution drawn large enough to matter."""
     from spemusic.training.train import interval_head_config
 
     lo, hi = tok.range("Position")
     cfg = ModelConfig.preset("tiny", vocab_size=len(tok), pe="sinespe", gated=True, short_conv=8,
-                             bar_echo=[tok.bar_id, lo, hi], echo_bars=4, **interval_head_config(tok))
+                             bar_echo=[tok.bar_id, lo, hi], echo_bars=4, echo_head=[1, 2, 4, 8],
+                             **interval_head_config(tok))
     torch.manual_seed(0)
     m = Performer(replace(cfg, **changes)).eval()
     with torch.no_grad():
@@ -51,6 +52,8 @@ def _model(tok, **changes) -> Performer:
             m.bar_echo.weight.normal_(0.0, 1.0)
         if m.interval_head is not None:
             m.interval_head.weight.normal_(0.0, 1.0)
+        if m.echo_head is not None:
+            m.echo_head.weight.normal_(0.0, 1.0)
         for blk in m.blocks:
             if blk.shift is not None:
                 blk.shift.normal_(0.0, 0.3)

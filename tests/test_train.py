@@ -444,9 +444,9 @@ def test_a_config_file_that_is_not_text_is_one_line(run_cli, pop_cache, tmp_path
 
 
 def test_pitch_memory_and_bar_echo_fine_tune(run_cli, pop_subset, pop_cache, tmp_path):
-    """--pitch-memory over the parts and --bar-echo: added at zero to a model without them (the
-    fine-tune's first loss is the base's), learned, kept in the checkpoint; the pitch memory is
-    refused without parts."""
+    """--pitch-memory over the parts, --bar-echo and --echo-head: added at zero to a model without
+    them (the fine-tune's first loss is the base's), learned, kept in the checkpoint; the pitch
+    memory is refused without parts, the echo head without the bar echo."""
     from spemusic.training.data import prepare
     from spemusic.training.train import TrainConfig, train
 
@@ -457,11 +457,11 @@ def test_pitch_memory_and_bar_echo_fine_tune(run_cli, pop_subset, pop_cache, tmp
                    precision="fp32", seed=3)
     losses = {}
     for name, extra in (("plain", {}), ("memory", {"pitch_memory": True}), ("echo", {"bar_echo": True}),
-                        ("intervals", {"interval_head": True})):
+                        ("intervals", {"interval_head": True}), ("echo-head", {"bar_echo": True, "echo_head": True})):
         train(TrainConfig(data=str(cache), init_from=str(tmp_path / "base" / "best"), **extra, **options),
               tmp_path / name)
         losses[name] = [m["train_loss"] for m in _metrics(tmp_path / name)]
-    for name in ("memory", "echo", "intervals"):  # same batches, same function at step 1
+    for name in ("memory", "echo", "intervals", "echo-head"):  # same batches, same function at step 1
         assert losses[name][0] == pytest.approx(losses["plain"][0], abs=1e-3)
     model, tok = load_model(tmp_path / "memory" / "last")
     assert model.cfg.pitch_memory == [tok.token_to_id[f"Program_{p}"] for p in ("melody", "bridge", "piano")]
@@ -471,6 +471,10 @@ def test_pitch_memory_and_bar_echo_fine_tune(run_cli, pop_subset, pop_cache, tmp
     model, tok = load_model(tmp_path / "intervals" / "last")
     assert model.cfg.interval_head == [tok.token_to_id[f"Program_{p}"] for p in ("melody", "bridge", "piano")]
     assert model.cfg.bar_id == tok.bar_id and model.interval_head.weight.abs().sum() > 0
+    model, tok = load_model(tmp_path / "echo-head" / "last")
+    assert model.cfg.echo_head == [1, 2, 4, 8] and model.echo_head.weight.abs().sum() > 0
+    code, _, err = run_cli("train", pop_cache, "-o", tmp_path / "x", "--preset", "tiny", "--echo-head", "--steps", 1)
+    assert code == 1 and "--echo-head needs the bar echo: add --bar-echo" in err and "Traceback" not in err
     for flag in ("--pitch-memory", "--interval-head"):
         code, _, err = run_cli("train", pop_cache, "-o", tmp_path / "x", "--preset", "tiny", flag, "--steps", 1)
         assert code == 1 and f"{flag} needs parts" in err and "Traceback" not in err

@@ -42,7 +42,7 @@ from spemusic.nn.attention import (
 from spemusic.nn.compiled import compiled
 from spemusic.nn.fused import gelu_linear, norm_linear
 from spemusic.nn.positional import AbsolutePE, build_absolute_pe
-from spemusic.nn.recall import bar_echo as echo_ids, interval_anchor, pitch_memory as memory_rows
+from spemusic.nn.recall import echo_features, interval_anchor, pitch_memory as memory_rows
 from spemusic.nn.recurrent import LayerPlan, State, build_plan
 from spemusic.nn.spe import ConvSPE, SineSPE, SPECodes, SPEFilter, mix_seed
 from spemusic.options import (  # noqa: F401  (re-exported: the configs' choices)
@@ -99,7 +99,9 @@ class ModelConfig:
     # `echo_bars` the bars it reads back (what most of them had at each place). Interval head: the
     # Program ids whose next Pitch is also scored as an interval from that Program's last pitch,
     # up to `interval_reach` semitones apart (one score for all farther ones), from one table per
-    # part and whether a bar line came between; needs the Bar id (`bar_id`).
+    # part and whether a bar line came between; needs the Bar id (`bar_id`). Echo head (needs the
+    # bar echo): the bar lags whose echoes are scored as the next token, by how many of the last
+    # `echo_window` tokens each lag named right.
     pitch_memory: list = field(default_factory=list)
     pitch_range: list = field(default_factory=lambda: [0, 0])
     bar_echo: list = field(default_factory=list)
@@ -107,6 +109,8 @@ class ModelConfig:
     interval_head: list = field(default_factory=list)
     interval_reach: int = 24
     bar_id: int = -1
+    echo_head: list = field(default_factory=list)
+    echo_window: int = 16
 
     def __post_init__(self):
         if self.attention not in ATTENTION_OPTIONS:
@@ -142,6 +146,15 @@ class ModelConfig:
                                 f"not {self.bar_echo!r}")
         if not isinstance(self.echo_bars, int) or isinstance(self.echo_bars, bool) or not 1 <= self.echo_bars <= 8:
             raise SpemusicError(f"model config: echo_bars must be an integer in 1 … 8, not {self.echo_bars!r}")
+        if not (isinstance(self.echo_head, list) and len(self.echo_head) <= 8
+                and all(isinstance(k, int) and not isinstance(k, bool) and 1 <= k <= 8 for k in self.echo_head)
+                and self.echo_head == sorted(set(self.echo_head))):
+            raise SpemusicError(f"model config: echo_head must be at most 8 increasing bar lags in 1 … 8, "
+                                f"not {self.echo_head!r}")
+        if self.echo_head and not self.bar_echo:
+            raise SpemusicError("model config: an echo head needs the bar echo (bar_echo)")
+        if not isinstance(self.echo_window, int) or isinstance(self.echo_window, bool) or not 1 <= self.echo_window <= 64:
+            raise SpemusicError(f"model config: echo_window must be an integer in 1 … 64, not {self.echo_window!r}")
         for name in ("gated", "share_pe"):
             if not isinstance(getattr(self, name), bool):
                 raise SpemusicError(f"model config: {name} must be true or false, not {getattr(self, name)!r}")
@@ -160,8 +173,8 @@ class ModelConfig:
             spe = per_code * (1 if self.share_pe else L)
         absolute = self.max_len * d if self.pe in ("ape", "sinusoidal") else 0
         recall = 129 * len(self.pitch_memory) + (self.vocab_size + 1 if self.bar_echo else 0)
-        intervals = 2 * len(self.interval_head) * (2 * self.interval_reach + 2)
-        return (self.vocab_size + recall) * d + intervals + L * per_block + spe + absolute
+        heads = 2 * len(self.interval_head) * (2 * self.interval_reach + 2) + len(self.echo_head) * (self.echo_window + 1)
+        return (self.vocab_size + recall) * d + heads + L * per_block + spe + absolute
 
     @property
     def d_head(self) -> int:
@@ -447,6 +460,11 @@ class Performer(nn.Module):
             nn.init.zeros_(self.interval_head.weight)  # added to a trained model, it changes nothing at first
             self.register_buffer("interval_programs", torch.tensor(cfg.interval_head), persistent=False)
             self.register_buffer("pitches", torch.arange(128), persistent=False)
+        self.echo_head: nn.Embedding | None = None
+        if cfg.echo_head:  # row k: lag echo_head[k]; column j: j of the last echo_window tokens it named right
+            self.echo_head = nn.Embedding(len(cfg.echo_head), cfg.echo_window + 1)
+            nn.init.zeros_(self.echo_head.weight)  # added to a trained model, it changes nothing at first
+            self.register_buffer("echo_lags", torch.arange(len(cfg.echo_head)), persistent=False)
         self.drop = nn.Dropout(cfg.dropout)
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
         self.ln_f = nn.LayerNorm(cfg.d_model)
@@ -510,32 +528,51 @@ class Performer(nn.Module):
     def embed(self, ids: torch.Tensor, start: int, carry: dict | None = None) -> tuple:
         """Token ids (B, T) at positions start.. -> ((B, T, d) with the absolute PE, if any, and
         the stream features; what those carry after these tokens, None for a model without them;
-        where the interval head reads, (anchors, tables) each (B, T), None without it). `carry`:
-        what they carried before these tokens (State.recall)."""
+        what the output heads read, None without them: {"interval": (anchors, tables) each (B, T),
+        "echo": (candidates, agreements) each (B, T, K)}). `carry`: what the features carried
+        before these tokens (State.recall)."""
         x = self.tok(ids)
         if self.abs_pe is not None:
             x = x + self.abs_pe(start, ids.shape[1], ids.device).to(x.dtype)
         if not self.recalls:
             return self.drop(x), None, None
-        carry, after, anchor = carry or {}, {}, None
+        carry, after, reads = carry or {}, {}, {}
         if self.interval_head is not None:
             *anchor, after["interval"] = interval_anchor(ids, carry.get("interval"), self.interval_programs,
                                                          self.cfg.pitch_range, self.cfg.bar_id)
+            reads["interval"] = tuple(anchor)
         if self.pitch_memory is not None:
             rows, after["pitch"] = memory_rows(ids, carry.get("pitch"), self.memory_programs, self.cfg.pitch_range)
             x = x + self.pitch_memory(rows).sum(-2).to(x.dtype)
         if self.bar_echo is not None:
             bar_id, lo, hi = self.cfg.bar_echo
-            echo, after["echo"] = echo_ids(ids, carry.get("echo"), bar_id, (lo, hi), self.cfg.vocab_size,
-                                           self.cfg.echo_bars)
+            echo, head, after["echo"] = echo_features(ids, carry.get("echo"), bar_id, (lo, hi), self.cfg.vocab_size,
+                                                      self.cfg.echo_bars, tuple(self.cfg.echo_head), self.cfg.echo_window)
             x = x + self.bar_echo(echo).to(x.dtype)
-        return self.drop(x), after, anchor
+            if head is not None:
+                reads["echo"] = head
+        return self.drop(x), after, reads or None
 
-    def head(self, x: torch.Tensor, anchor=None) -> torch.Tensor:
-        """(…, d) -> (…, V) logits (final norm, output tied to the embedding; with the interval
-        head, its scores added to the Pitch logits where `anchor` (from `embed`) names a pitch)."""
-        logits = norm_linear(x, self.ln_f, self.tok.weight, None)
-        return self.add_intervals(logits, anchor) if anchor is not None else logits
+    def head(self, x: torch.Tensor, reads: dict | None = None) -> torch.Tensor:
+        """(…, d) -> (…, V) logits (final norm, output tied to the embedding), with the output
+        heads' scores added where `reads` (from `embed`) says (add_intervals, add_echoes)."""
+        return self._add_heads(norm_linear(x, self.ln_f, self.tok.weight, None), reads)
+
+    def _add_heads(self, logits: torch.Tensor, reads: dict | None) -> torch.Tensor:
+        if reads and "interval" in reads:
+            logits = self.add_intervals(logits, reads["interval"])
+        if reads and "echo" in reads:
+            logits = self.add_echoes(logits, reads["echo"])
+        return logits
+
+    def add_echoes(self, logits: torch.Tensor, echoes) -> torch.Tensor:
+        """logits (…, V) + the echo head's score of each candidate of `echoes` = (candidates,
+        agreements) (each (…, K)): row k's score for its agreement, added to its candidate's logit
+        (twice where two lags name the same token); none where the candidate is `vocab_size`."""
+        cands, agree = echoes
+        V = self.cfg.vocab_size
+        scores = self.echo_head.weight[self.echo_lags, agree] * (cands < V)
+        return logits.scatter_add(-1, cands.clamp(max=V - 1), scores.to(logits.dtype))
 
     def add_intervals(self, logits: torch.Tensor, anchor) -> torch.Tensor:
         """logits (…, V) + the interval head's score of each Pitch p: that of p - pitch in the
@@ -549,16 +586,14 @@ class Performer(nn.Module):
         return torch.cat([logits[..., :lo], logits[..., lo:lo + 128] + scores.to(logits.dtype),
                           logits[..., lo + 128:]], -1)
 
-    def _read_out(self, x: torch.Tensor, want_hidden: bool, anchor=None):
+    def _read_out(self, x: torch.Tensor, want_hidden: bool, reads=None):
         """The logits of `head`, or (logits, the final-normed state (…, d) fp32 they are read
         from: what a continuous cache matches, spemusic.generation.cache), the norm taken once."""
         if not want_hidden:
-            return self.head(x, anchor)
+            return self.head(x, reads)
         h = self.ln_f(x)
         logits = F.linear(h, self.tok.weight)  # head(x) outside training, to the bit
-        if anchor is not None:
-            logits = self.add_intervals(logits, anchor)
-        return logits, h.float()
+        return self._add_heads(logits, reads), h.float()
 
     @torch.no_grad()
     def logits_and_hidden(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -595,7 +630,7 @@ class Performer(nn.Module):
             self.abs_pe.check(start, T)
         codes = self._codes()
         ctxs = self._contexts(codes, start, T)
-        x, recall, anchor = self.embed(ids, start, state.recall if state is not None else None)
+        x, recall, reads = self.embed(ids, start, state.recall if state is not None else None)
         states, histories = [], []
         recompute = self.checkpoint_activations and self.training and torch.is_grad_enabled()
         for i, (blk, ctx) in enumerate(zip(self.blocks, ctxs)):
@@ -607,7 +642,7 @@ class Performer(nn.Module):
                 x, st, hist = blk(x, ctx, want_state)
             states.append(st)
             histories.append(hist)
-        out = self._read_out(x, want_hidden, anchor)
+        out = self._read_out(x, want_hidden, reads)
         logits, extra = (out[0], out[1:]) if want_hidden else (out, ())
         if not want_state:
             return out
@@ -671,13 +706,13 @@ class Performer(nn.Module):
             if plan.code_buf is not None:  # the SPE codes at t, for every layer's filter
                 for i, qk in enumerate(self.spe.codes_at(plan.codes, state.pe, t)):
                     plan.code_buf[i, :, :, 0].copy_(qk)
-            x, state.recall, anchor = self.embed(next_ids[:, None], t, state.recall)
+            x, state.recall, reads = self.embed(next_ids[:, None], t, state.recall)
             x = x[:, 0].float()
             for i, (blk, lp) in enumerate(zip(self.blocks, plan.layers)):
                 past = state.histories[i] if lp.shift_t is not None else None
                 x, state.layers[i], history = blk.step(x, lp, state.layers[i], past)
                 if history is not None:
                     state.histories[i] = history
-            out = self._read_out(x, want_hidden, [a[:, 0] for a in anchor] if anchor is not None else None)
+            out = self._read_out(x, want_hidden, {k: tuple(a[:, 0] for a in v) for k, v in (reads or {}).items()})
         state.position = t + 1
         return (out[0], state, out[1]) if want_hidden else (out, state)

@@ -19,6 +19,12 @@ off the ids, the same on the parallel path and one token at a time, carried acro
 Both are embeddings added to the token embedding, initialised at zero: added to a trained model,
 they change nothing until training moves them.
 
+* Echo head: the echoes 1, 2, 4 and 8 bars back (say) are also candidates for the next token,
+  each scored by how many of the last `window` tokens its lag named right. Pop repeats itself
+  at 4 and 8 bars (a bar's best match among the 16 before it is 4 or 8 bars back in 37% of
+  POP909's bars, 1 bar back in 9%), and a drummer bar after bar: where the copy has held for
+  the last dozen tokens it will most likely hold again, which linear attention cannot see.
+
 * Interval anchor: where a token opens a note of a part (its Program), the last pitch that part
   wrote. The model's interval head (spemusic.nn.model) scores the coming Pitch as an interval from
   it as well as a pitch. Fed the same pitch as an input (the pitch memory), a fine-tuned model did
@@ -95,17 +101,37 @@ def bar_echo(ids: torch.Tensor, tail: torch.Tensor | None, bar_id: int, position
     carry (B, ECHO_CONTEXT): the last tokens, -1 before the start of the piece. `tail` None: the ids
     open the context (a training window). What comes before the context's first Bar (BOS, or a
     bar cut by the window) is never echoed."""
+    echo, _, keep = echo_features(ids, tail, bar_id, position_range, none_id, bars)
+    return echo, keep
+
+
+def echo_features(ids: torch.Tensor, tail: torch.Tensor | None, bar_id: int, position_range, none_id: int,
+                  bars: int = 1, lags: tuple = (), window: int = 16) -> tuple:
+    """`bar_echo`'s echo (B, T), the echo head's inputs for ids (B, T), and the tail to carry. The
+    head's inputs (None without `lags`): the candidates (B, T, K), the token that followed the
+    same place lags[k] bars back (`none_id`: none), and how many of the last `window` tokens up to
+    each (itself included) were the candidate its lag named the token before (B, T, K)."""
     B, T = ids.shape
     seq = ids if tail is None else torch.cat([tail, ids], 1)
     N = seq.shape[1]
     lo, hi = position_range
     width = ECHO_SWEEPS * (hi - lo + 1) * ECHO_PLACES
     key = echo_places(seq, bar_id, position_range)["key"]
-    echoes = echo_back(seq, key, key[:, N - T:], width, bars, none_id)
+    first = max(N - T - window, 0) if lags else N - T  # the head counts the hits of the tokens before
+    echoes = echo_back(seq, key, key[:, first:], width, max([bars, *lags]), none_id)
+    echo = most_held(echoes[:, -T:, :bars], none_id)
+    head = None
+    if lags:
+        cands = echoes[..., [lag - 1 for lag in lags]]  # (B, N - first, K)
+        hit = (cands[:, :-1] == seq[:, first + 1:, None]) & (cands[:, :-1] != none_id)  # tokens first+1 …
+        hits = torch.cat([hit.new_zeros(B, 1, len(lags), dtype=torch.long), hit.long().cumsum(1)], 1)
+        p = torch.arange(N - T, N, device=ids.device) - first
+        agree = hits[:, p] - hits[:, (p - window).clamp(min=0)]
+        head = (cands[:, -T:], agree)
     keep = seq[:, -ECHO_CONTEXT:]
     if keep.shape[1] < ECHO_CONTEXT:
         keep = torch.cat([keep.new_full((B, ECHO_CONTEXT - keep.shape[1]), -1), keep], 1)
-    return most_held(echoes, none_id), keep
+    return echo, head, keep
 
 
 def echo_places(seq: torch.Tensor, bar_id: int, position_range) -> dict:
@@ -164,4 +190,5 @@ def most_held(echoes: torch.Tensor, none_id: int) -> torch.Tensor:
     return echoes.gather(-1, (votes * K + nearest_first).argmax(-1, keepdim=True))[..., 0]
 
 
-__all__ = ["ECHO_CONTEXT", "bar_echo", "echo_back", "echo_places", "interval_anchor", "most_held", "pitch_memory"]
+__all__ = ["ECHO_CONTEXT", "bar_echo", "echo_back", "echo_features", "echo_places", "interval_anchor", "most_held",
+           "pitch_memory"]

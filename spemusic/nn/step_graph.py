@@ -84,8 +84,10 @@ def _norm(x: torch.Tensor, norm: tuple) -> torch.Tensor:
 def _echo(ids: torch.Tensor, carry: dict, cfg: tuple) -> torch.Tensor:
     """recall.bar_echo for one token per row, ids (B,), `carry` updated in place: the last
     ECHO_CONTEXT tokens with their keys and the index of their bar's Bar token, and the running
-    counts a key is made of. Indices count from the first token the carry was made from."""
-    bar_id, lo, hi, none_id, bars = cfg
+    counts a key is made of; with an echo head, the candidates it scores for the next token and
+    whether each lag named each of the last tokens (`carry["cands"]`, `carry["got"]`). Indices
+    count from the first token the carry was made from."""
+    bar_id, lo, hi, none_id, bars, lags = cfg
     n = carry["n"]  # (B,) this token's index
     is_bar, is_pos = ids == bar_id, (ids >= lo) & (ids < hi)
     bar = carry["bar"] + is_bar.long()
@@ -106,8 +108,14 @@ def _echo(ids: torch.Tensor, carry: dict, cfg: tuple) -> torch.Tensor:
     bar_at = torch.cat([carry["bar_at"], last_bar[:, None]], 1)
     keys = torch.cat([carry["keys"], mine[:, None]], 1)
     keys = torch.where(bar_at >= (n - recall.ECHO_CONTEXT)[:, None], keys, -1)
-    echo = recall.most_held(recall.echo_back(seq, keys, mine[:, None], width, bars, none_id)[:, 0], none_id)
-    new = {"ids": seq[:, 1:], "keys": torch.cat([carry["keys"][:, 1:], mine[:, None]], 1), "bar_at": bar_at[:, 1:],
+    echoes = recall.echo_back(seq, keys, mine[:, None], width, max([bars, *lags]), none_id)[:, 0]
+    echo = recall.most_held(echoes[:, :bars], none_id)
+    new = {}
+    if lags:  # whether each lag named this token, then its candidates for the next
+        cands = carry["cands"]
+        got = ((cands == ids[:, None]) & (cands != none_id)).long()
+        new.update(got=torch.cat([carry["got"][..., 1:], got[..., None]], -1), cands=echoes[:, [k - 1 for k in lags]])
+    new |= {"ids": seq[:, 1:], "keys": torch.cat([carry["keys"][:, 1:], mine[:, None]], 1), "bar_at": bar_at[:, 1:],
            "n": n + 1, "bar": bar, "last_bar": last_bar, "last_pos": last_pos, "pos_val": pos_val,
            "in_onset": in_onset, "pos": pos, "again": again, "again_at_bar": again_at_bar}
     for name, value in new.items():
@@ -177,11 +185,17 @@ def _layer(x: torch.Tensor, S: torch.Tensor, hist: torch.Tensor | None, code: to
     x.copy_(h + _linear(F.gelu(_linear(_norm(h, L["ln2"]), *L["ff1"])), *L["ff2"]))
 
 
-def _head(x: torch.Tensor, iv: dict | None, P: dict) -> tuple[torch.Tensor, torch.Tensor]:
+def _head(x: torch.Tensor, iv: dict | None, eh: dict | None, P: dict) -> tuple[torch.Tensor, torch.Tensor]:
     """-> (logits (B, V), the final-normed state (B, d)); with an interval head, its scores added
-    to the Pitch logits (Performer.add_intervals)."""
+    to the Pitch logits (Performer.add_intervals); with an echo head, to its candidates'
+    (Performer.add_echoes; `eh`: the echo's carry as `_echo` left it)."""
     h = _norm(x, P["ln_f"])
     logits = _linear(h, P["tok"], None)
+    if eh is not None:
+        cands, V = eh["cands"], logits.shape[-1]
+        rows = P["echo_head_rows"]
+        scores = rows[torch.arange(rows.shape[0]), eh["got"].sum(-1)] * (cands < V)
+        logits = logits.scatter_add(-1, cands.clamp(max=V - 1), scores)
     if iv is not None:
         rows, (lo, K) = P["interval_rows"], P["interval_reach"]
         interval = torch.arange(128) - iv["anchor"][:, None]
@@ -302,7 +316,7 @@ class StepGraph:
             tables = state.pe[0]
             P.update(spe_offs=detach(tables.offs), spe_f2pi=detach(tables.f2pi), spe_z=detach(tables.z))
             self.code = torch.zeros(2, H, D, cfg.n_realizations)
-        self.carry, self.iv = None, None
+        self.carry, self.iv, self.eh = None, None, None
         if model.interval_head is not None:
             lo, hi = cfg.pitch_range
             P.update(interval_programs=torch.tensor(cfg.interval_head), interval_cfg=(lo, hi, cfg.bar_id),
@@ -315,9 +329,14 @@ class StepGraph:
             state.recall = {**(state.recall or {}), "interval": self.iv["carry"]}  # kept current by the program
         if model.bar_echo is not None:
             bar_id, lo, hi = cfg.bar_echo
+            lags = tuple(cfg.echo_head)
             P.update(echo_rows=detach(model.bar_echo.weight.float()),
-                     echo_cfg=(bar_id, lo, hi, cfg.vocab_size, cfg.echo_bars))
-            self.carry = _echo_carry((state.recall or {}).get("echo"), B, bar_id, lo, hi)
+                     echo_cfg=(bar_id, lo, hi, cfg.vocab_size, cfg.echo_bars, lags))
+            self.carry = _echo_carry((state.recall or {}).get("echo"), B, bar_id, lo, hi, cfg.vocab_size,
+                                     cfg.echo_bars, lags, cfg.echo_window)
+            if lags:
+                P["echo_head_rows"] = detach(model.echo_head.weight.float())
+                self.eh = {"cands": self.carry["cands"], "got": self.carry["got"]}
             state.recall = {**(state.recall or {}), "echo": self.carry["ids"]}  # the same tensor, kept current
         self.ids = torch.zeros(B, dtype=torch.long)
         self.t = torch.zeros((), dtype=torch.float64)
@@ -344,7 +363,7 @@ class StepGraph:
         self.input = _Program(_input, (self.ids, self.t, self.x, self.code, self.carry, self.iv, P), f"input-{tag}")
         self.layers = [_Program(_layer, (self.x, state.layers[i], hist(i), self.code, L), f"layer-{tag}")
                        for i, L in enumerate(layers)]
-        self.head = _Program(_head, (self.x, self.iv, P), f"head-{tag}")
+        self.head = _Program(_head, (self.x, self.iv, self.eh, P), f"head-{tag}")
 
     @torch.no_grad()
     def __call__(self, state: State, next_ids: torch.Tensor, want_hidden: bool = False):
@@ -361,12 +380,21 @@ class StepGraph:
         return (logits, state, hidden) if want_hidden else (logits, state)
 
 
-def _echo_carry(tail: torch.Tensor | None, B: int, bar_id: int, lo: int, hi: int) -> dict:
+def _echo_carry(tail: torch.Tensor | None, B: int, bar_id: int, lo: int, hi: int, none_id: int, bars: int,
+                lags: tuple, window: int) -> dict:
     """The echo's carry after the tokens of `tail` (B, ECHO_CONTEXT) (-1: before the piece; None:
-    nothing yet), as recall.bar_echo computes its keys over that window."""
+    nothing yet), as recall.bar_echo computes its keys over that window (and the echo head its
+    candidates and their hits, recall.echo_features)."""
     C = recall.ECHO_CONTEXT
     seq = torch.full((B, C), -1, dtype=torch.long) if tail is None else tail.clone()
     places = recall.echo_places(seq, bar_id, (lo, hi))
     key, last_bar = places.pop("key"), places["last_bar"]
-    return {"ids": seq, "keys": key, "bar_at": torch.where(places["bar"] >= 1, last_bar, -1).contiguous(),
-            "n": torch.full((B,), C), **{k: v[:, -1].clone() for k, v in places.items()}}
+    carry = {"ids": seq, "keys": key, "bar_at": torch.where(places["bar"] >= 1, last_bar, -1).contiguous(),
+             "n": torch.full((B,), C), **{k: v[:, -1].clone() for k, v in places.items()}}
+    if lags:
+        width = recall.ECHO_SWEEPS * (hi - lo + 1) * recall.ECHO_PLACES
+        echoes = recall.echo_back(seq, key, key[:, -window - 1:], width, max([bars, *lags]), none_id)
+        cands = echoes[..., [k - 1 for k in lags]]  # (B, window + 1, K): for the tokens after each
+        got = (cands[:, :-1] == seq[:, -window:, None]) & (cands[:, :-1] != none_id)
+        carry.update(cands=cands[:, -1].contiguous(), got=got.long().transpose(1, 2).contiguous())
+    return carry

@@ -54,7 +54,8 @@ def export(src: Path, dest: Path, name: str, data: Path, credit: str, command: s
     echo = ", bar echo" + (f" over {cfg['echo_bars']} bars" if cfg.get("echo_bars", 1) > 1 else "")
     recall = "".join(text for key, text in (("pitch_memory", ", pitch memory of the parts"),
                                                     ("interval_head", ", each part's pitch also scored as an interval"),
-                                                    ("bar_echo", echo))
+                                                    ("bar_echo", echo),
+                                                    ("echo_head", ", the echoes 1-8 bars back also scored as the next token"))
                      if cfg.get(key))
     sampling_flag = f" --sampling {','.join(f'{k}={v:g}' for k, v in sampling.items())}" if sampling else ""
     card = f"""# {name}

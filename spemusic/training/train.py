@@ -76,6 +76,10 @@ def interval_head_config(tokenizer: REMITokenizer) -> dict:
             "bar_id": tokenizer.bar_id}
 
 
+# the bars back the echo head reads: a bar, two, a phrase of four and of eight (pop's repeats)
+ECHO_HEAD_LAGS = [1, 2, 4, 8]
+
+
 # the rows a fine-tune that adds the parts starts them from: the piano program POP909 was written in
 PART_ROWS_LIKE = {"Program_melody": "Program_0", "Program_bridge": "Program_0", "Program_piano": "Program_0"}
 
@@ -91,7 +95,7 @@ def widened(model: Performer, cfg: ModelConfig) -> Performer:
         new = Performer(cfg).to(model.device)
     state = {n: v for n, v in model.state_dict().items() if not n.endswith(".shift")}
     missing, unexpected = new.load_state_dict(state, strict=False)
-    added = RECALL_PARAMETERS + INTERVAL_PARAMETERS
+    added = RECALL_PARAMETERS + INTERVAL_PARAMETERS + ECHO_HEAD_PARAMETERS
     assert not unexpected and all(n.endswith(".shift") or n in added for n in missing), (missing, unexpected)
     with torch.no_grad():
         for old_block, new_block in zip(model.blocks, new.blocks):
@@ -139,6 +143,9 @@ RECALL_PARAMETERS = ("pitch_memory.weight", "bar_echo.weight")
 # The interval head is a table of a few hundred scores, each read by thousands of notes a step: it
 # needs scores near a nat apart within a fine-tune of a few hundred steps at the lineage's low rate.
 INTERVAL_PARAMETERS, INTERVAL_LR_SCALE = ("interval_head.weight",), 100.0
+# The echo head is smaller still (a score per lag and agreement, read by every token), and its
+# scores must reach several nats (a copy that held for 16 tokens) within a hundred steps.
+ECHO_HEAD_PARAMETERS, ECHO_HEAD_LR_SCALE = ("echo_head.weight",), 600.0
 
 
 def build_optimizer(model: Performer, lr: float, weight_decay: float, device: torch.device,
@@ -149,13 +156,16 @@ def build_optimizer(model: Performer, lr: float, weight_decay: float, device: to
     optimizer step."""
     recall = [p for n, p in model.named_parameters() if n in RECALL_PARAMETERS]
     intervals = [p for n, p in model.named_parameters() if n in INTERVAL_PARAMETERS]
-    own = {id(p) for p in recall + intervals}
+    echo_head = [p for n, p in model.named_parameters() if n in ECHO_HEAD_PARAMETERS]
+    own = {id(p) for p in recall + intervals + echo_head}
     decay, no_decay = ([p for p in group if id(p) not in own] for group in decay_groups(model))
     groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     if recall:
         groups.append({"params": recall, "weight_decay": 0.0, "lr": lr * recall_lr_scale})
     if intervals:
         groups.append({"params": intervals, "weight_decay": 0.0, "lr": lr * INTERVAL_LR_SCALE})
+    if echo_head:
+        groups.append({"params": echo_head, "weight_decay": 0.0, "lr": lr * ECHO_HEAD_LR_SCALE})
     return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.95), fused=device.type in ("cuda", "cpu"))
 
 
@@ -449,7 +459,10 @@ def model_config(run: Run, base_model: Performer | None, tokenizer: REMITokenize
     if base_model is None:
         recall = {**(pitch_memory_config(tokenizer) if cfg.pitch_memory else {}),
                   **(interval_head_config(tokenizer) if cfg.interval_head else {}),
-                  **(bar_echo_config(tokenizer, cfg.echo_bars) if cfg.bar_echo else {})}
+                  **(bar_echo_config(tokenizer, cfg.echo_bars) if cfg.bar_echo else {}),
+                  **({"echo_head": ECHO_HEAD_LAGS} if cfg.echo_head else {})}
+        if cfg.echo_head and not cfg.bar_echo:
+            raise OptionError("{echo_head} needs the bar echo: add {bar_echo}")
         extra = {"short_conv": cfg.short_conv} if cfg.short_conv >= 0 else {}
         extra.update({"dropout": cfg.dropout} if cfg.dropout >= 0 else {})
         return ModelConfig.preset(cfg.preset, vocab_size=len(tokenizer), **recall, pe=cfg.pe, gated=cfg.gated,
@@ -468,6 +481,10 @@ def model_config(run: Run, base_model: Performer | None, tokenizer: REMITokenize
         model_cfg = replace(model_cfg, **interval_head_config(tokenizer))
     if cfg.bar_echo:  # added, or read over `echo_bars` bars from now on
         model_cfg = replace(model_cfg, **bar_echo_config(tokenizer, cfg.echo_bars))
+    if cfg.echo_head and not model_cfg.echo_head:
+        if not model_cfg.bar_echo:
+            raise OptionError("{echo_head} needs the bar echo: add {bar_echo}")
+        model_cfg = replace(model_cfg, echo_head=ECHO_HEAD_LAGS)
     if model_cfg.has_absolute_pe and cfg.seq_len > model_cfg.max_len:
         raise OptionError("{seq_len} {n} is past {model}'s absolute positions ({limit}); SPE models have no such "
                           "limit", n=cfg.seq_len, model=cfg.init_from, limit=model_cfg.max_len)
