@@ -47,8 +47,8 @@ def test_step_by_step_mixture_equals_the_scored_one(tiny_checkpoint, shared_data
 
 
 def test_the_cache_copies_a_repeated_bar(shared_data):
-    """pop-piano alone barely expects a bar played again (benchmarks/copying.py); with the cache,
-    its notes become likely from the second time on."""
+    """A bar played four times: with the cache its notes are far likelier than pop-piano alone
+    expects them (alone, its echo head already copies the bar once it holds: 0.61 against 0.82)."""
     model, tok = load_model("pop-piano")
     model.eval()
     model.resample(0)
@@ -63,7 +63,7 @@ def test_the_cache_copies_a_repeated_bar(shared_data):
     alone = torch.softmax(logits[0].float(), -1).gather(1, x[1:, None])[:, 0][last].mean()
     opts = SamplingOptions(repeat=0.9).cache()
     cached = torch.exp(-mixture_nll(logits[0], hidden[0], x[1:], opts, opts.groups(tok)))[last].mean()
-    assert float(cached) > 0.6 > float(alone), (float(alone), float(cached))
+    assert float(cached) > 0.75 and float(cached) > float(alone) + 0.1, (float(alone), float(cached))
 
 
 def test_sampling_with_the_cache_is_valid_and_deterministic(tiny_checkpoint):
