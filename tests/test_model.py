@@ -661,12 +661,12 @@ def _parts_stream() -> torch.Tensor:
     return ids
 
 
-def _primed_then_stepped(m: Performer, ids: torch.Tensor) -> torch.Tensor:
+def _primed_then_stepped(m: Performer, ids: torch.Tensor, prompt: int = 100, chunk: int = 33) -> torch.Tensor:
     """The logits of a prompt of 100 tokens primed in chunks of 33, then one token at a time: what
-    the stream features carry across chunks and into the steps."""
-    lp, st = m.prime(ids[:, :100], chunk=33)
+    the stream features carry across chunks and into the steps (`prompt` and `chunk` to move them)."""
+    lp, st = m.prime(ids[:, :prompt], chunk=chunk)
     outs = [lp]
-    for t in range(100, ids.shape[1]):
+    for t in range(prompt, ids.shape[1]):
         logits, st = m.step(st, ids[:, t])
         outs.append(logits[:, None])
     return torch.cat(outs, 1)
@@ -846,12 +846,7 @@ def test_bar_echo_is_the_next_token_one_bar_back_and_the_same_one_token_at_a_tim
         assert torch.equal(m(ids), base(ids))
         m.bar_echo.weight.normal_(0.0, 1.0)
         full = m(ids)
-    lp, st = m.prime(ids[:, :700], chunk=300)
-    outs = [lp]
-    for t in range(700, ids.shape[1]):
-        logits, st = m.step(st, ids[:, t])
-        outs.append(logits[:, None])
-    assert (torch.cat(outs, 1) - full).abs().max().item() <= 1e-4
+    assert (_primed_then_stepped(m, ids, prompt=700, chunk=300) - full).abs().max().item() <= 1e-4
     st, outs = m.init_state(2), []  # from scratch, one token at a time (a prompt of one token too)
     for t in range(300):
         logits, st = m.step(st, ids[:, t])
@@ -891,18 +886,12 @@ def test_echo_head_scores_each_lag_echo_by_how_often_it_was_right_and_the_same_o
         m.echo_head.weight.normal_(0.0, 1.0)
         full = m(ids)
         moved = full - base(ids)
-    c, a = cands, agree
     expected = torch.zeros_like(moved)
     for k in range(len(lags)):
-        found = c[..., k] < 150
-        expected.scatter_add_(-1, c[..., k:k + 1].clamp(max=149), (m.echo_head.weight[k, a[..., k]] * found)[..., None])
+        score = m.echo_head.weight[k, agree[..., k]] * (cands[..., k] < 150)
+        expected.scatter_add_(-1, cands[..., k:k + 1].clamp(max=149), score[..., None])
     assert (moved - expected).abs().max().item() <= 1e-4
-    lp, st = m.prime(ids[:, :700], chunk=300)
-    outs = [lp]
-    for t in range(700, ids.shape[1]):
-        logits, st = m.step(st, ids[:, t])
-        outs.append(logits[:, None])
-    assert (torch.cat(outs, 1) - full).abs().max().item() <= 1e-4
+    assert (_primed_then_stepped(m, ids, prompt=700, chunk=300) - full).abs().max().item() <= 1e-4
     assert (_primed_then_stepped(m, ids[:, :300]) - full[:, :300]).abs().max().item() <= 1e-4
 
 
@@ -971,9 +960,4 @@ def test_bar_echo_over_several_bars_is_what_most_of_them_had_and_the_same_one_to
     with torch.no_grad():
         m.bar_echo.weight.normal_(0.0, 1.0)
         full = m(ids)
-    lp, st = m.prime(ids[:, :500], chunk=200)
-    outs = [lp]
-    for t in range(500, ids.shape[1]):
-        logits, st = m.step(st, ids[:, t])
-        outs.append(logits[:, None])
-    assert (torch.cat(outs, 1) - full).abs().max().item() <= 1e-4
+    assert (_primed_then_stepped(m, ids, prompt=500, chunk=200) - full).abs().max().item() <= 1e-4

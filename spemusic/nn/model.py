@@ -42,7 +42,7 @@ from spemusic.nn.attention import (
 from spemusic.nn.compiled import compiled
 from spemusic.nn.fused import gelu_linear, norm_linear
 from spemusic.nn.positional import AbsolutePE, build_absolute_pe
-from spemusic.nn.recall import echo_features, interval_anchor, pitch_memory as memory_rows
+from spemusic.nn.recall import add_echo_scores, echo_features, interval_anchor, pitch_memory as memory_rows
 from spemusic.nn.recurrent import LayerPlan, State, build_plan
 from spemusic.nn.spe import ConvSPE, SineSPE, SPECodes, SPEFilter, mix_seed
 from spemusic.options import (  # noqa: F401  (re-exported: the configs' choices)
@@ -464,7 +464,6 @@ class Performer(nn.Module):
         if cfg.echo_head:  # row k: lag echo_head[k]; column j: j of the last echo_window tokens it named right
             self.echo_head = nn.Embedding(len(cfg.echo_head), cfg.echo_window + 1)
             nn.init.zeros_(self.echo_head.weight)  # added to a trained model, it changes nothing at first
-            self.register_buffer("echo_lags", torch.arange(len(cfg.echo_head)), persistent=False)
         self.drop = nn.Dropout(cfg.dropout)
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
         self.ln_f = nn.LayerNorm(cfg.d_model)
@@ -555,24 +554,15 @@ class Performer(nn.Module):
 
     def head(self, x: torch.Tensor, reads: dict | None = None) -> torch.Tensor:
         """(…, d) -> (…, V) logits (final norm, output tied to the embedding), with the output
-        heads' scores added where `reads` (from `embed`) says (add_intervals, add_echoes)."""
+        heads' scores added where `reads` (from `embed`) says (add_intervals, recall.add_echo_scores)."""
         return self._add_heads(norm_linear(x, self.ln_f, self.tok.weight, None), reads)
 
     def _add_heads(self, logits: torch.Tensor, reads: dict | None) -> torch.Tensor:
         if reads and "interval" in reads:
             logits = self.add_intervals(logits, reads["interval"])
         if reads and "echo" in reads:
-            logits = self.add_echoes(logits, reads["echo"])
+            logits = add_echo_scores(logits, self.echo_head.weight, *reads["echo"])
         return logits
-
-    def add_echoes(self, logits: torch.Tensor, echoes) -> torch.Tensor:
-        """logits (…, V) + the echo head's score of each candidate of `echoes` = (candidates,
-        agreements) (each (…, K)): row k's score for its agreement, added to its candidate's logit
-        (twice where two lags name the same token); none where the candidate is `vocab_size`."""
-        cands, agree = echoes
-        V = self.cfg.vocab_size
-        scores = self.echo_head.weight[self.echo_lags, agree] * (cands < V)
-        return logits.scatter_add(-1, cands.clamp(max=V - 1), scores.to(logits.dtype))
 
     def add_intervals(self, logits: torch.Tensor, anchor) -> torch.Tensor:
         """logits (…, V) + the interval head's score of each Pitch p: that of p - pitch in the

@@ -123,8 +123,8 @@ def echo_features(ids: torch.Tensor, tail: torch.Tensor | None, bar_id: int, pos
     head = None
     if lags:
         cands = echoes[..., [lag - 1 for lag in lags]]  # (B, N - first, K)
-        hit = (cands[:, :-1] == seq[:, first + 1:, None]) & (cands[:, :-1] != none_id)  # tokens first+1 …
-        hits = torch.cat([hit.new_zeros(B, 1, len(lags), dtype=torch.long), hit.long().cumsum(1)], 1)
+        hit = named_right(cands[:, :-1], seq[:, first + 1:], none_id)  # tokens first+1 …
+        hits = torch.cat([hit.new_zeros(B, 1, len(lags)), hit.cumsum(1)], 1)
         p = torch.arange(N - T, N, device=ids.device) - first
         agree = hits[:, p] - hits[:, (p - window).clamp(min=0)]
         head = (cands[:, -T:], agree)
@@ -132,6 +132,21 @@ def echo_features(ids: torch.Tensor, tail: torch.Tensor | None, bar_id: int, pos
     if keep.shape[1] < ECHO_CONTEXT:
         keep = torch.cat([keep.new_full((B, ECHO_CONTEXT - keep.shape[1]), -1), keep], 1)
     return echo, head, keep
+
+
+def named_right(cands: torch.Tensor, tokens: torch.Tensor, none_id: int) -> torch.Tensor:
+    """(…, K) 1 where lag k's candidate was the token that came, `tokens` (…), else 0: what the echo
+    head's agreement counts."""
+    return ((cands == tokens[..., None]) & (cands != none_id)).long()
+
+
+def add_echo_scores(logits: torch.Tensor, rows: torch.Tensor, cands: torch.Tensor, agree: torch.Tensor) -> torch.Tensor:
+    """logits (…, V) + the echo head's scores: row k of `rows` (K, window + 1) at lag k's agreement
+    (…, K), added to its candidate's logit (…, K) (twice where two lags name the same token); none
+    where the candidate is V (no echo)."""
+    V = logits.shape[-1]
+    scores = rows[torch.arange(rows.shape[0], device=rows.device), agree] * (cands < V)
+    return logits.scatter_add(-1, cands.clamp(max=V - 1), scores.to(logits.dtype))
 
 
 def echo_places(seq: torch.Tensor, bar_id: int, position_range) -> dict:
@@ -190,5 +205,5 @@ def most_held(echoes: torch.Tensor, none_id: int) -> torch.Tensor:
     return echoes.gather(-1, (votes * K + nearest_first).argmax(-1, keepdim=True))[..., 0]
 
 
-__all__ = ["ECHO_CONTEXT", "bar_echo", "echo_back", "echo_features", "echo_places", "interval_anchor", "most_held",
-           "pitch_memory"]
+__all__ = ["ECHO_CONTEXT", "add_echo_scores", "bar_echo", "echo_back", "echo_features", "echo_places", "interval_anchor",
+           "most_held", "named_right", "pitch_memory"]

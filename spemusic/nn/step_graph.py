@@ -112,8 +112,7 @@ def _echo(ids: torch.Tensor, carry: dict, cfg: tuple) -> torch.Tensor:
     echo = recall.most_held(echoes[:, :bars], none_id)
     new = {}
     if lags:  # whether each lag named this token, then its candidates for the next
-        cands = carry["cands"]
-        got = ((cands == ids[:, None]) & (cands != none_id)).long()
+        got = recall.named_right(carry["cands"], ids, none_id)
         new.update(got=torch.cat([carry["got"][..., 1:], got[..., None]], -1), cands=echoes[:, [k - 1 for k in lags]])
     new |= {"ids": seq[:, 1:], "keys": torch.cat([carry["keys"][:, 1:], mine[:, None]], 1), "bar_at": bar_at[:, 1:],
            "n": n + 1, "bar": bar, "last_bar": last_bar, "last_pos": last_pos, "pos_val": pos_val,
@@ -188,14 +187,11 @@ def _layer(x: torch.Tensor, S: torch.Tensor, hist: torch.Tensor | None, code: to
 def _head(x: torch.Tensor, iv: dict | None, eh: dict | None, P: dict) -> tuple[torch.Tensor, torch.Tensor]:
     """-> (logits (B, V), the final-normed state (B, d)); with an interval head, its scores added
     to the Pitch logits (Performer.add_intervals); with an echo head, to its candidates'
-    (Performer.add_echoes; `eh`: the echo's carry as `_echo` left it)."""
+    (recall.add_echo_scores; `eh`: the echo's carry as `_echo` left it)."""
     h = _norm(x, P["ln_f"])
     logits = _linear(h, P["tok"], None)
     if eh is not None:
-        cands, V = eh["cands"], logits.shape[-1]
-        rows = P["echo_head_rows"]
-        scores = rows[torch.arange(rows.shape[0]), eh["got"].sum(-1)] * (cands < V)
-        logits = logits.scatter_add(-1, cands.clamp(max=V - 1), scores)
+        logits = recall.add_echo_scores(logits, P["echo_head_rows"], eh["cands"], eh["got"].sum(-1))
     if iv is not None:
         rows, (lo, K) = P["interval_rows"], P["interval_reach"]
         interval = torch.arange(128) - iv["anchor"][:, None]
@@ -395,6 +391,6 @@ def _echo_carry(tail: torch.Tensor | None, B: int, bar_id: int, lo: int, hi: int
         width = recall.ECHO_SWEEPS * (hi - lo + 1) * recall.ECHO_PLACES
         echoes = recall.echo_back(seq, key, key[:, -window - 1:], width, max([bars, *lags]), none_id)
         cands = echoes[..., [k - 1 for k in lags]]  # (B, window + 1, K): for the tokens after each
-        got = (cands[:, :-1] == seq[:, -window:, None]) & (cands[:, :-1] != none_id)
-        carry.update(cands=cands[:, -1].contiguous(), got=got.long().transpose(1, 2).contiguous())
+        got = recall.named_right(cands[:, :-1], seq[:, -window:], none_id)
+        carry.update(cands=cands[:, -1].contiguous(), got=got.transpose(1, 2).contiguous())
     return carry

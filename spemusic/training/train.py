@@ -80,6 +80,13 @@ def interval_head_config(tokenizer: REMITokenizer) -> dict:
 ECHO_HEAD_LAGS = [1, 2, 4, 8]
 
 
+def echo_head_config(bar_echo: bool) -> dict:
+    """The model config fields of an echo head, for a model with (`bar_echo`) or without the bar echo."""
+    if not bar_echo:
+        raise OptionError("{echo_head} needs the bar echo: add {bar_echo}")
+    return {"echo_head": ECHO_HEAD_LAGS}
+
+
 # the rows a fine-tune that adds the parts starts them from: the piano program POP909 was written in
 PART_ROWS_LIKE = {"Program_melody": "Program_0", "Program_bridge": "Program_0", "Program_piano": "Program_0"}
 
@@ -460,9 +467,7 @@ def model_config(run: Run, base_model: Performer | None, tokenizer: REMITokenize
         recall = {**(pitch_memory_config(tokenizer) if cfg.pitch_memory else {}),
                   **(interval_head_config(tokenizer) if cfg.interval_head else {}),
                   **(bar_echo_config(tokenizer, cfg.echo_bars) if cfg.bar_echo else {}),
-                  **({"echo_head": ECHO_HEAD_LAGS} if cfg.echo_head else {})}
-        if cfg.echo_head and not cfg.bar_echo:
-            raise OptionError("{echo_head} needs the bar echo: add {bar_echo}")
+                  **(echo_head_config(cfg.bar_echo) if cfg.echo_head else {})}
         extra = {"short_conv": cfg.short_conv} if cfg.short_conv >= 0 else {}
         extra.update({"dropout": cfg.dropout} if cfg.dropout >= 0 else {})
         return ModelConfig.preset(cfg.preset, vocab_size=len(tokenizer), **recall, pe=cfg.pe, gated=cfg.gated,
@@ -482,9 +487,7 @@ def model_config(run: Run, base_model: Performer | None, tokenizer: REMITokenize
     if cfg.bar_echo:  # added, or read over `echo_bars` bars from now on
         model_cfg = replace(model_cfg, **bar_echo_config(tokenizer, cfg.echo_bars))
     if cfg.echo_head and not model_cfg.echo_head:
-        if not model_cfg.bar_echo:
-            raise OptionError("{echo_head} needs the bar echo: add {bar_echo}")
-        model_cfg = replace(model_cfg, echo_head=ECHO_HEAD_LAGS)
+        model_cfg = replace(model_cfg, **echo_head_config(bool(model_cfg.bar_echo)))
     if model_cfg.has_absolute_pe and cfg.seq_len > model_cfg.max_len:
         raise OptionError("{seq_len} {n} is past {model}'s absolute positions ({limit}); SPE models have no such "
                           "limit", n=cfg.seq_len, model=cfg.init_from, limit=model_cfg.max_len)
