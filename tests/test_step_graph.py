@@ -37,13 +37,13 @@ def song(shared_data):
 
 def _model(tok, **changes) -> Performer:
     """A small random model in pop-piano's vocabulary, with its bar echo over 4 bars, its short
-    convolution, its interval head, an echo head and gated sineSPE; its echo rows, both heads'
+    convolution, its interval head, an echo head with its gate and gated sineSPE; its echo rows, both heads'
     scores and the convolution drawn large enough to matter."""
     from spemusic.training.train import interval_head_config
 
     lo, hi = tok.range("Position")
     cfg = ModelConfig.preset("tiny", vocab_size=len(tok), pe="sinespe", gated=True, short_conv=8,
-                             bar_echo=[tok.bar_id, lo, hi], echo_bars=4, echo_head=[1, 2, 4, 8],
+                             bar_echo=[tok.bar_id, lo, hi], echo_bars=4, echo_head=[1, 2, 4, 8], echo_gate=True,
                              **interval_head_config(tok))
     torch.manual_seed(0)
     m = Performer(replace(cfg, **changes)).eval()
@@ -54,6 +54,9 @@ def _model(tok, **changes) -> Performer:
             m.interval_head.weight.normal_(0.0, 1.0)
         if m.echo_head is not None:
             m.echo_head.weight.normal_(0.0, 1.0)
+        if m.echo_gate is not None:
+            m.echo_gate.weight.normal_(0.0, 0.5)
+            m.echo_agree.weight.normal_(0.0, 0.5)
         for blk in m.blocks:
             if blk.shift is not None:
                 blk.shift.normal_(0.0, 0.3)
