@@ -120,11 +120,13 @@ def main() -> None:
     print(f"wrote {args.out}")
 
 
-def drop_bars(ids: np.ndarray, tok, n: int) -> np.ndarray:
+def drop_bars(ids: np.ndarray, tok, n: int) -> np.ndarray | None:
     """The bars of a sequence after its first n (a continuation's new bars), as a piece of their
-    own: BOS, the first new Bar with the time signature in force, the rest."""
+    own: BOS, the first new Bar with the time signature in force, the rest (None: no new bar)."""
     ids = np.asarray(ids)
     bars = np.flatnonzero(ids == tok.bar_id)
+    if len(bars) <= n:
+        return None
     ts_lo, ts_hi = tok.range("TimeSig")
     ts = [t for t in ids[: bars[n] + 2] if ts_lo <= t < ts_hi][-1]
     rest = ids[bars[n] + 1:]
@@ -185,11 +187,22 @@ def parts(generated, continued, real, tok) -> dict:
     return means
 
 
+def chords_at_bar_lines(g, bars) -> list[str]:
+    """The chord in force at the bar line of each of `bars` (N before the first chord, or for a bar
+    the piece does not have)."""
+    out = []
+    for b in bars:
+        before = np.flatnonzero(g.chord_step <= g.bar_start[b]) if 0 <= b < g.n_bars else []
+        out.append(g.chord_name[before[-1]] if len(before) else "N")
+    return out
+
+
 def accompany_check(model, tok, valid_paths, opts, seed: int, chart=None) -> dict:
     """Accompany the real melody of each valid song (its first ACCOMPANY_BARS bars from its first
     bar with melody, and the bars before it, on its beats), as `spemusic accompany` does: on the
-    chart `chart(melody_ids)` draws (the model's harmonizer), and with --no-harmonize (the model
-    names each bar's chord as it writes). For each: how often the accompaniment alone (bridge
+    chart `chart(melody_ids)` draws (the model's harmonizer), on the song's own chords (those in
+    force at each bar line, as `--chords` gives them), and with --no-harmonize (the model names
+    each bar's chord as it writes). For each: how often the accompaniment alone (bridge
     and piano, duration-weighted) has the song's annotated chord as its best template match,
     next to the song's own PIANO track by the same matcher; its pitch-class profile against that
     track's; the share of the melody's time a semitone off the accompaniment, next to the song's;
@@ -200,7 +213,7 @@ def accompany_check(model, tok, valid_paths, opts, seed: int, chart=None) -> dic
 
     pop = DATA / "pop909"
     melody_id = tok.part_id("melody")
-    modes = ("charted", "named") if chart is not None else ("named",)
+    modes = ("charted", "song", "named") if chart is not None else ("song", "named")
     tally = {k: [0, 0] for k in (*modes, "real")}  # [hits, bars counted]
     profiles = {k: [] for k in modes}
     clashes = {k: [] for k in (*modes, "real")}  # share of the melody's time a semitone off the rest
@@ -236,7 +249,8 @@ def accompany_check(model, tok, valid_paths, opts, seed: int, chart=None) -> dic
         clashes["real"].append(melody_clashes(g_real, (g_real.prog == melody_id) & in_bars,
                                               (g_real.prog != melody_id) & in_bars))
         for mode in modes:
-            chords = chart(cut) if mode == "charted" else None
+            chords = (chart(cut) if mode == "charted" else
+                      chords_at_bar_lines(g_real, range(shift, shift + bars)) if mode == "song" else None)
             ids = sample(model, tok, num=1, bars=bars, seed=seed + 4000 + i, options=opts,
                          parts=("melody", "bridge", "piano"), held=hold_melody(cut, tok), chords=chords,
                          chord_strength=CHORD_STRENGTH if chords else 0.0).ids[0]
@@ -257,7 +271,8 @@ def accompany_check(model, tok, valid_paths, opts, seed: int, chart=None) -> dic
           f"(cosine), the melody's time a semitone off the accompaniment:")
     print(f"  {'song (MELODY, PIANO)':<40} chord match {real:.3f} of {tally['real'][1]:<4} "
           f"{'':>17} clashes {np.nanmean(clashes['real']):.3f}")
-    labels = {"charted": "on the harmonizer's chart (default)", "named": "chords named as it writes"}
+    labels = {"charted": "on the harmonizer's chart (default)", "song": "on the song's own chords (--chords)",
+              "named": "chords named as it writes"}
     result = {"songs": len(valid_paths), "piano_track_match": real,
               "melody_clashes_real": float(np.nanmean(clashes["real"]))}
     for mode in modes:
@@ -296,6 +311,10 @@ def pop_piano(args, opts) -> dict:
         out = sample(model, tok, num=1, length=max(args.length - len(p), 128), prompt=p, seed=args.seed + 2000 + i,
                      options=opts).ids[0]
         continued.append(drop_bars(out, tok, 4))
+    empty = sum(c is None for c in continued)
+    if empty:
+        print(f"{empty} of {len(continued)} continuations wrote no new bar (left out below)")
+        continued = [c for c in continued if c is not None]
     wall = time.perf_counter() - t0
     gen_rows, cont_rows = piece_metrics(generated, tok), piece_metrics(continued, tok)
     gen_m, cont_m, real_m = mean_of(gen_rows), mean_of(cont_rows), mean_metrics(real, tok)
