@@ -92,8 +92,6 @@ class TrainConfig:
     echo_bars: int = 1           # with bar_echo: the bars it reads back, echoing what most of them had there
     echo_head: bool = False      # the echoes 1, 2, 4 and 8 bars back also scored as the next token, by how often
                                  # each was right lately (needs the bar echo; added at zero)
-    echo_gate: bool = False      # every token sees each lag's agreement, and the state moves each lag's score
-                                 # (needs the echo head; added at zero)
     recall_lr_scale: float = 10.0  # the stream features' tables learn this many times faster than the rest
 
     def check(self) -> None:
@@ -169,7 +167,8 @@ class TrainConfig:
 # the name it was released under (its checkpoint's info["name"]); docs/sampling.md says why.
 # the chord-tone bias of --chords (sampling.chord_tones), in nats: the models alone follow chord tokens weakly
 CHORD_STRENGTH = 2.0
-SAMPLING_DEFAULTS = dict(top_p=1.0, bar_top_p=0.8, onset_top_p=1.0, repeat=0.0, hole_penalty=0.0, stacking=1.0)
+SAMPLING_DEFAULTS = dict(top_p=1.0, bar_top_p=0.8, onset_top_p=1.0, repeat=0.0, hole_penalty=0.0, stacking=1.0,
+                         echo_strength=1.0)
 MODEL_SAMPLING = {
     # groove's continuations keep closer to their prompt's style with the unlikely hits cut: one
     # stray hit and the model takes the bar for a fill (benchmarks/groove_drift.py)

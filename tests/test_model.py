@@ -891,48 +891,11 @@ def test_echo_head_scores_each_lag_echo_by_how_often_it_was_right_and_the_same_o
         score = m.echo_head.weight[k, agree[..., k]] * (cands[..., k] < 150)
         expected.scatter_add_(-1, cands[..., k:k + 1].clamp(max=149), score[..., None])
     assert (moved - expected).abs().max().item() <= 1e-4
+    with torch.no_grad(), m.echo_strength(2.0):  # a sampler's setting: every score doubled, inside the block only
+        assert ((m(ids) - base(ids)) - 2 * expected).abs().max().item() <= 1e-4
+    assert m.echo_scale == 1.0
     assert (_primed_then_stepped(m, ids, prompt=700, chunk=300) - full).abs().max().item() <= 1e-4
     assert (_primed_then_stepped(m, ids[:, :300]) - full[:, :300]).abs().max().item() <= 1e-4
-
-
-def test_echo_gate_reads_each_lags_agreement_and_moves_its_score_by_the_state_alike_on_every_path():
-    """The echo gate adds each lag's agreement row to the input and the state's gate to each lag's
-    score (on its candidate only). Added at zero it is the same function; drawn, the parallel pass,
-    a chunked prompt and the steps agree, past the carried context too."""
-    from dataclasses import replace
-
-    from spemusic.nn.recall import echo_features
-    from spemusic.training.train import widened
-
-    ids = _bar_stream(2, 120, seed=6)
-    lags, window = (1, 2, 4), 5
-    torch.manual_seed(0)
-    base = Performer(ModelConfig.preset("tiny", vocab_size=150, bar_echo=[1, 2, 50], echo_bars=2,
-                                        echo_head=list(lags), echo_window=window)).eval()
-    with torch.no_grad():
-        base.echo_head.weight.normal_(0.0, 1.0)
-    m = widened(base, replace(base.cfg, echo_gate=True)).eval()
-    base.resample(2), m.resample(2)
-    with torch.no_grad():
-        assert torch.equal(m(ids), base(ids))  # added at zero: the same function
-        m.echo_gate.weight.normal_(0.0, 0.5)
-        gated = m(ids)
-        moved = gated - base(ids)
-        _, _, reads = m.embed(ids, 0)
-    _, (cands, agree), _ = echo_features(ids, None, 1, (2, 50), 150, 2, lags, window)
-    assert torch.equal(reads["echo"][0], cands) and torch.equal(reads["echo"][1], agree)
-    # the gate alone moves only the candidates' logits
-    others = torch.ones_like(moved, dtype=torch.bool)
-    others.scatter_(-1, cands.clamp(max=149), False)
-    assert moved[others].abs().max().item() <= 1e-5 and moved.abs().max() > 0.1
-    with torch.no_grad():
-        m.echo_agree.weight.normal_(0.0, 0.5)
-        full = m(ids)
-    assert (full - gated).abs().max() > 0.1  # the agreement reaches the input
-    assert (_primed_then_stepped(m, ids, prompt=700, chunk=300) - full).abs().max().item() <= 1e-4
-    assert (_primed_then_stepped(m, ids[:, :300]) - full[:, :300]).abs().max().item() <= 1e-4
-    with pytest.raises(SpemusicError, match="echo gate needs the echo head"):
-        ModelConfig.preset("tiny", vocab_size=V, bar_echo=[1, 2, 50], echo_gate=True)
 
 
 def test_echo_head_config_errors():

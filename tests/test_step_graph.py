@@ -37,13 +37,13 @@ def song(shared_data):
 
 def _model(tok, **changes) -> Performer:
     """A small random model in pop-piano's vocabulary, with its bar echo over 4 bars, its short
-    convolution, its interval head, an echo head with its gate and gated sineSPE; its echo rows, both heads'
+    convolution, its interval head, an echo head and gated sineSPE; its echo rows, both heads'
     scores and the convolution drawn large enough to matter."""
     from spemusic.training.train import interval_head_config
 
     lo, hi = tok.range("Position")
     cfg = ModelConfig.preset("tiny", vocab_size=len(tok), pe="sinespe", gated=True, short_conv=8,
-                             bar_echo=[tok.bar_id, lo, hi], echo_bars=4, echo_head=[1, 2, 4, 8], echo_gate=True,
+                             bar_echo=[tok.bar_id, lo, hi], echo_bars=4, echo_head=[1, 2, 4, 8],
                              **interval_head_config(tok))
     torch.manual_seed(0)
     m = Performer(replace(cfg, **changes)).eval()
@@ -54,9 +54,6 @@ def _model(tok, **changes) -> Performer:
             m.interval_head.weight.normal_(0.0, 1.0)
         if m.echo_head is not None:
             m.echo_head.weight.normal_(0.0, 1.0)
-        if m.echo_gate is not None:
-            m.echo_gate.weight.normal_(0.0, 0.5)
-            m.echo_agree.weight.normal_(0.0, 0.5)
         for blk in m.blocks:
             if blk.shift is not None:
                 blk.shift.normal_(0.0, 0.3)
@@ -92,6 +89,13 @@ def test_the_compiled_step_is_the_eager_step_on_a_real_song(song, step_cache):
     assert torch.equal(state.recall["interval"], eager_state.recall["interval"])
     for a, b in zip(state.layers, eager_state.layers):
         assert ((a - b).abs().max() / b.abs().max()).item() <= 1e-5
+    # a sampler's echo strength: the compiled step made inside it folds it in, as the eager step reads it
+    with m.echo_strength(2.5):
+        _, eager_state = m.prime(ids[:, :2100])
+        _, state = m.prime(ids[:, :2100])
+        strong = _stepped(StepGraph.of(m, state), state, ids[:, 2100:2200])
+        assert (strong - _stepped(m.step, eager_state, ids[:, 2100:2200])).abs().max().item() <= 1e-4
+    assert (strong - compiled[:, :100]).abs().max() > 0.5 and m.echo_scale == 1.0
 
 
 def test_a_state_the_compiled_step_moved_is_a_state_like_any_other(song, step_cache):

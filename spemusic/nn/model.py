@@ -21,6 +21,7 @@ Design notes (SPE: Liutkus et al., ICML 2021; FAVOR+: Choromanski et al., ICLR 2
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, fields
 
 import torch
@@ -101,9 +102,7 @@ class ModelConfig:
     # up to `interval_reach` semitones apart (one score for all farther ones), from one table per
     # part and whether a bar line came between; needs the Bar id (`bar_id`). Echo head (needs the
     # bar echo): the bar lags whose echoes are scored as the next token, by how many of the last
-    # `echo_window` tokens each lag named right. Echo gate (needs the echo head): every token also
-    # sees each lag's agreement, and each lag's score is moved by the state the head reads, so the
-    # model, not the agreement alone, decides when a repeat starts or ends.
+    # `echo_window` tokens each lag named right.
     pitch_memory: list = field(default_factory=list)
     pitch_range: list = field(default_factory=lambda: [0, 0])
     bar_echo: list = field(default_factory=list)
@@ -113,7 +112,6 @@ class ModelConfig:
     bar_id: int = -1
     echo_head: list = field(default_factory=list)
     echo_window: int = 16
-    echo_gate: bool = False
 
     def __post_init__(self):
         if self.attention not in ATTENTION_OPTIONS:
@@ -156,10 +154,6 @@ class ModelConfig:
                                 f"not {self.echo_head!r}")
         if self.echo_head and not self.bar_echo:
             raise SpemusicError("model config: an echo head needs the bar echo (bar_echo)")
-        if not isinstance(self.echo_gate, bool):
-            raise SpemusicError(f"model config: echo_gate must be true or false, not {self.echo_gate!r}")
-        if self.echo_gate and not self.echo_head:
-            raise SpemusicError("model config: an echo gate needs the echo head (echo_head)")
         if not isinstance(self.echo_window, int) or isinstance(self.echo_window, bool) or not 1 <= self.echo_window <= 64:
             raise SpemusicError(f"model config: echo_window must be an integer in 1 … 64, not {self.echo_window!r}")
         for name in ("gated", "share_pe"):
@@ -181,9 +175,6 @@ class ModelConfig:
         absolute = self.max_len * d if self.pe in ("ape", "sinusoidal") else 0
         recall = 129 * len(self.pitch_memory) + (self.vocab_size + 1 if self.bar_echo else 0)
         heads = 2 * len(self.interval_head) * (2 * self.interval_reach + 2) + len(self.echo_head) * (self.echo_window + 1)
-        if self.echo_gate:
-            recall += len(self.echo_head) * (self.echo_window + 1)
-            heads += len(self.echo_head) * d
         return (self.vocab_size + recall) * d + heads + L * per_block + spe + absolute
 
     @property
@@ -474,15 +465,7 @@ class Performer(nn.Module):
         if cfg.echo_head:  # row k: lag echo_head[k]; column j: j of the last echo_window tokens it named right
             self.echo_head = nn.Embedding(len(cfg.echo_head), cfg.echo_window + 1)
             nn.init.zeros_(self.echo_head.weight)  # added to a trained model, it changes nothing at first
-        self.echo_agree: nn.Embedding | None = None
-        self.echo_gate: nn.Linear | None = None
-        if cfg.echo_gate:  # row k * (echo_window + 1) + j: lag k named j of the last tokens right
-            K = len(cfg.echo_head)
-            self.echo_agree = nn.Embedding(K * (cfg.echo_window + 1), cfg.d_model)
-            self.echo_gate = nn.Linear(cfg.d_model, K, bias=False)
-            nn.init.zeros_(self.echo_agree.weight)
-            nn.init.zeros_(self.echo_gate.weight)
-            self.register_buffer("agree_rows", torch.arange(K) * (cfg.echo_window + 1), persistent=False)
+        self.echo_scale = 1.0  # sampling only: the echo head's scores times this (echo_strength)
         self.drop = nn.Dropout(cfg.dropout)
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
         self.ln_f = nn.LayerNorm(cfg.d_model)
@@ -514,6 +497,16 @@ class Performer(nn.Module):
         with torch.no_grad():
             for b in self.blocks:
                 b.attn.redraw(generator)
+
+    @contextmanager
+    def echo_strength(self, scale: float):
+        """Inside the block, the echo head's scores are multiplied by `scale`: a
+        sampler's setting (SamplingOptions.echo), for steps and compiled steps made inside it."""
+        old, self.echo_scale = self.echo_scale, float(scale)
+        try:
+            yield
+        finally:
+            self.echo_scale = old
 
     def resample(self, seed: int, redraw_features: bool = False) -> None:
         """Fix the SPE realization used by every later eval-mode call (forward,
@@ -569,25 +562,18 @@ class Performer(nn.Module):
             x = x + self.bar_echo(echo).to(x.dtype)
             if head is not None:
                 reads["echo"] = head
-                if self.echo_agree is not None:
-                    x = x + self.echo_agree(head[1] + self.agree_rows).sum(-2).to(x.dtype)
         return self.drop(x), after, reads or None
 
     def head(self, x: torch.Tensor, reads: dict | None = None) -> torch.Tensor:
         """(…, d) -> (…, V) logits (final norm, output tied to the embedding), with the output
         heads' scores added where `reads` (from `embed`) says (add_intervals, recall.add_echo_scores)."""
-        if self.echo_gate is None:
-            return self._add_heads(norm_linear(x, self.ln_f, self.tok.weight, None), reads)
-        h = self.ln_f(x)
-        return self._add_heads(F.linear(h, self.tok.weight), reads, h)
+        return self._add_heads(norm_linear(x, self.ln_f, self.tok.weight, None), reads)
 
-    def _add_heads(self, logits: torch.Tensor, reads: dict | None, h: torch.Tensor | None = None) -> torch.Tensor:
-        """`h`: the final-normed state the logits came from (what the echo gate reads)."""
+    def _add_heads(self, logits: torch.Tensor, reads: dict | None) -> torch.Tensor:
         if reads and "interval" in reads:
             logits = self.add_intervals(logits, reads["interval"])
         if reads and "echo" in reads:
-            gate = None if self.echo_gate is None else self.echo_gate(h)
-            logits = add_echo_scores(logits, self.echo_head.weight, *reads["echo"], gate)
+            logits = add_echo_scores(logits, self.echo_head.weight, *reads["echo"], self.echo_scale)
         return logits
 
     def add_intervals(self, logits: torch.Tensor, anchor) -> torch.Tensor:
@@ -609,7 +595,7 @@ class Performer(nn.Module):
             return self.head(x, reads)
         h = self.ln_f(x)
         logits = F.linear(h, self.tok.weight)  # head(x) outside training, to the bit
-        return self._add_heads(logits, reads, h), h.float()
+        return self._add_heads(logits, reads), h.float()
 
     @torch.no_grad()
     def logits_and_hidden(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -147,8 +147,6 @@ def _input(ids: torch.Tensor, t: torch.Tensor, x: torch.Tensor, code: torch.Tens
     emb = P["tok"][ids]
     if carry is not None:
         emb = emb + P["echo_rows"][_echo(ids, carry, P["echo_cfg"])]
-        if "echo_agree_rows" in P:  # the echo gate's input: each lag's agreement, with this token's hit
-            emb = emb + P["echo_agree_rows"][carry["got"].sum(-1) + P["agree_offsets"]].sum(1)
     x.copy_(emb)
     if code is not None:
         _, H, D, R = code.shape
@@ -193,8 +191,7 @@ def _head(x: torch.Tensor, iv: dict | None, eh: dict | None, P: dict) -> tuple[t
     h = _norm(x, P["ln_f"])
     logits = _linear(h, P["tok"], None)
     if eh is not None:
-        gate = _linear(h, P["echo_gate"], None) if "echo_gate" in P else None
-        logits = recall.add_echo_scores(logits, P["echo_head_rows"], eh["cands"], eh["got"].sum(-1), gate)
+        logits = recall.add_echo_scores(logits, P["echo_head_rows"], eh["cands"], eh["got"].sum(-1))
     if iv is not None:
         rows, (lo, K) = P["interval_rows"], P["interval_reach"]
         interval = torch.arange(128) - iv["anchor"][:, None]
@@ -334,10 +331,8 @@ class StepGraph:
             self.carry = _echo_carry((state.recall or {}).get("echo"), B, bar_id, lo, hi, cfg.vocab_size,
                                      cfg.echo_bars, lags, cfg.echo_window)
             if lags:
-                P["echo_head_rows"] = detach(model.echo_head.weight.float())
-                if model.echo_gate is not None:
-                    P.update(echo_agree_rows=detach(model.echo_agree.weight.float()),
-                             agree_offsets=detach(model.agree_rows), echo_gate=detach(model.echo_gate.weight.float()))
+                # (the sampler's echo strength, Performer.echo_strength, folded into the scores)
+                P["echo_head_rows"] = detach(model.echo_head.weight.float() * model.echo_scale)
                 self.eh = {"cands": self.carry["cands"], "got": self.carry["got"]}
             state.recall = {**(state.recall or {}), "echo": self.carry["ids"]}  # the same tensor, kept current
         self.ids = torch.zeros(B, dtype=torch.long)

@@ -55,8 +55,7 @@ def export(src: Path, dest: Path, name: str, data: Path, credit: str, command: s
     recall = "".join(text for key, text in (("pitch_memory", ", pitch memory of the parts"),
                                                     ("interval_head", ", each part's pitch also scored as an interval"),
                                                     ("bar_echo", echo),
-                                                    ("echo_head", ", the echoes 1-8 bars back also scored as the next token"),
-                                                    ("echo_gate", ", gated by the model's state"))
+                                                    ("echo_head", ", the echoes 1-8 bars back also scored as the next token"))
                      if cfg.get(key))
     sampling_flag = f" --sampling {','.join(f'{k}={v:g}' for k, v in sampling.items())}" if sampling else ""
     card = f"""# {name}

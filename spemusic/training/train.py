@@ -87,13 +87,6 @@ def echo_head_config(bar_echo: bool) -> dict:
     return {"echo_head": ECHO_HEAD_LAGS}
 
 
-def echo_gate_config(echo_head: bool) -> dict:
-    """The model config field of an echo gate, for a model with (`echo_head`) or without the echo head."""
-    if not echo_head:
-        raise OptionError("{echo_gate} needs the echo head: add {echo_head}")
-    return {"echo_gate": True}
-
-
 # the rows a fine-tune that adds the parts starts them from: the piano program POP909 was written in
 PART_ROWS_LIKE = {"Program_melody": "Program_0", "Program_bridge": "Program_0", "Program_piano": "Program_0"}
 
@@ -153,7 +146,7 @@ def decay_groups(model: torch.nn.Module, legacy: bool = False) -> tuple[list, li
 # gently: at the model's learning rate they would take thousands of steps to say anything (100
 # steps at 8e-5 left pop-piano's melody intervals as they were), so they learn faster
 # (TrainConfig.recall_lr_scale times the rate).
-RECALL_PARAMETERS = ("pitch_memory.weight", "bar_echo.weight", "echo_agree.weight", "echo_gate.weight")
+RECALL_PARAMETERS = ("pitch_memory.weight", "bar_echo.weight")
 # The interval head is a table of a few hundred scores, each read by thousands of notes a step: it
 # needs scores near a nat apart within a fine-tune of a few hundred steps at the lineage's low rate.
 INTERVAL_PARAMETERS, INTERVAL_LR_SCALE = ("interval_head.weight",), 100.0
@@ -474,8 +467,7 @@ def model_config(run: Run, base_model: Performer | None, tokenizer: REMITokenize
         recall = {**(pitch_memory_config(tokenizer) if cfg.pitch_memory else {}),
                   **(interval_head_config(tokenizer) if cfg.interval_head else {}),
                   **(bar_echo_config(tokenizer, cfg.echo_bars) if cfg.bar_echo else {}),
-                  **(echo_head_config(cfg.bar_echo) if cfg.echo_head else {}),
-                  **(echo_gate_config(cfg.echo_head) if cfg.echo_gate else {})}
+                  **(echo_head_config(cfg.bar_echo) if cfg.echo_head else {})}
         extra = {"short_conv": cfg.short_conv} if cfg.short_conv >= 0 else {}
         extra.update({"dropout": cfg.dropout} if cfg.dropout >= 0 else {})
         return ModelConfig.preset(cfg.preset, vocab_size=len(tokenizer), **recall, pe=cfg.pe, gated=cfg.gated,
@@ -496,8 +488,6 @@ def model_config(run: Run, base_model: Performer | None, tokenizer: REMITokenize
         model_cfg = replace(model_cfg, **bar_echo_config(tokenizer, cfg.echo_bars))
     if cfg.echo_head and not model_cfg.echo_head:
         model_cfg = replace(model_cfg, **echo_head_config(bool(model_cfg.bar_echo)))
-    if cfg.echo_gate and not model_cfg.echo_gate:
-        model_cfg = replace(model_cfg, **echo_gate_config(bool(model_cfg.echo_head)))
     if model_cfg.has_absolute_pe and cfg.seq_len > model_cfg.max_len:
         raise OptionError("{seq_len} {n} is past {model}'s absolute positions ({limit}); SPE models have no such "
                           "limit", n=cfg.seq_len, model=cfg.init_from, limit=model_cfg.max_len)
