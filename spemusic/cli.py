@@ -146,9 +146,6 @@ REPEAT_HELP = ("How strongly a piece repeats its earlier bars, 0 to 1: the share
                + _sampling_default("repeat"))
 HOLE_PENALTY_HELP = ("Nats taken off the chance of each next onset per beat of silence it would leave (beyond a "
                      "quarter beat, after every note has ended); 0 turns it off. " + _sampling_default("hole_penalty"))
-ECHO_STRENGTH_HELP = ("How firmly a repeat 1, 2, 4 or 8 bars back is held once it has begun: the echo head's "
-                      "scores are multiplied by this (0: off, 1: as trained; models with an echo head). "
-                      + _sampling_default("echo_strength"))
 STACKING_HELP = ("Once an onset holds two notes, the odds of one more note there are multiplied by this (below 1: "
                  "fewer stacked notes); 1 turns it off. " + _sampling_default("stacking"))
 
@@ -519,7 +516,6 @@ ONSET_TOP_P_OPTION = typer.Option(None, "--onset-top-p", help=ONSET_TOP_P_HELP)
 REPEAT_OPTION = typer.Option(None, "--repeat", help=REPEAT_HELP)
 HOLE_PENALTY_OPTION = typer.Option(None, "--hole-penalty", help=HOLE_PENALTY_HELP)
 STACKING_OPTION = typer.Option(None, "--stacking", help=STACKING_HELP)
-ECHO_STRENGTH_OPTION = typer.Option(None, "--echo-strength", help=ECHO_STRENGTH_HELP)
 TOP_K_OPTION = typer.Option(0, "--top-k", help="Keep the K most likely tokens; 0 turns it off.")
 SEED_OPTION = typer.Option(None, help="Random seed: same seed, options and model give the same file. "
                           "\\[default: a new one, printed]")
@@ -956,7 +952,6 @@ def generate(
     repeat: float | None = REPEAT_OPTION,
     hole_penalty: float | None = HOLE_PENALTY_OPTION,
     stacking: float | None = STACKING_OPTION,
-    echo_strength: float | None = ECHO_STRENGTH_OPTION,
     top_k: int = TOP_K_OPTION,
     seed: int | None = SEED_OPTION,
     meter: str | None = typer.Option(None, "--meter", help="Time signature of the whole piece, e.g. 3/4 "
@@ -1014,7 +1009,7 @@ def generate(
                               parts=parse_parts(parts) if parts is not None else None,
                               overlaps="layers" if keep_overlaps else "trim", weights_dtype=_weights_dtype(precision))
     asked = dict(top_p=top_p, bar_top_p=bar_top_p, onset_top_p=onset_top_p, repeat=repeat,
-                 hole_penalty=hole_penalty, stacking=stacking, echo_strength=echo_strength)
+                 hole_penalty=hole_penalty, stacking=stacking)
     _generate_or_continue(model, None, None, config, temperature, top_k, asked, output, overwrite, device, as_json,
                           False, png=png, threads=threads, audio=audio, part_programs=part_programs)
 
@@ -1038,7 +1033,6 @@ def continue_(
     repeat: float | None = REPEAT_OPTION,
     hole_penalty: float | None = HOLE_PENALTY_OPTION,
     stacking: float | None = STACKING_OPTION,
-    echo_strength: float | None = ECHO_STRENGTH_OPTION,
     top_k: int = TOP_K_OPTION,
     seed: int | None = SEED_OPTION,
     output: str | None = typer.Option(None, "-o", "--output", help="Output .mid (OUT-1.mid … with --num), or a "
@@ -1086,7 +1080,7 @@ def continue_(
                               chord_strength=chord_strength, overlaps="layers" if keep_overlaps else "trim",
                               weights_dtype=_weights_dtype(precision))
     asked = dict(top_p=top_p, bar_top_p=bar_top_p, onset_top_p=onset_top_p, repeat=repeat,
-                 hole_penalty=hole_penalty, stacking=stacking, echo_strength=echo_strength)
+                 hole_penalty=hole_penalty, stacking=stacking)
     output = output or Path(f"{prompt.with_suffix('').name}-continued.mid")
     _generate_or_continue(model, prompt, prompt_bars, config, temperature, top_k, asked, output, overwrite, device,
                           as_json, only_continuation, beats=beats, from_bar=from_bar, png=png, threads=threads,
@@ -1273,7 +1267,6 @@ def accompany(
     repeat: float | None = REPEAT_OPTION,
     hole_penalty: float | None = HOLE_PENALTY_OPTION,
     stacking: float | None = STACKING_OPTION,
-    echo_strength: float | None = ECHO_STRENGTH_OPTION,
     top_k: int = TOP_K_OPTION,
     seed: int | None = SEED_OPTION,
     beats: Path | None = typer.Option(None, "--beats", help="Beat annotation of the melody file (time, beat-in-bar; "
@@ -1321,8 +1314,7 @@ def accompany(
         raise SpemusicError("--parts: the melody is the file's; name the parts to write under it (bridge, piano)")
     config = GenerationConfig(num=num, seed=seed, chords=parse_chords(chords) if chords is not None else None,
                               chord_strength=chord_strength, parts=wanted)
-    asked = dict(top_p=top_p, onset_top_p=onset_top_p, repeat=repeat, hole_penalty=hole_penalty, stacking=stacking,
-                 echo_strength=echo_strength)
+    asked = dict(top_p=top_p, onset_top_p=onset_top_p, repeat=repeat, hole_penalty=hole_penalty, stacking=stacking)
     config, paths, soundfont = _before_sampling(config, temperature, top_k, asked, device,
                                                 output or Path(f"{melody.with_suffix('').name}-accompanied.mid"),
                                                 overwrite, png, audio, threads)
@@ -1406,7 +1398,6 @@ def play(
     repeat: float | None = REPEAT_OPTION,
     hole_penalty: float | None = HOLE_PENALTY_OPTION,
     stacking: float | None = STACKING_OPTION,
-    echo_strength: float | None = ECHO_STRENGTH_OPTION,
     seed: int | None = typer.Option(None, help="Random seed \\[default: a new one, printed]"),
     port: str | None = typer.Option(None, "--port", help="Send MIDI to this output port (mido with python-rtmidi)."),
     to_stdout: bool = typer.Option(False, "--stdout", help="Write raw audio to stdout: 16-bit stereo at 44.1 kHz, "
@@ -1447,7 +1438,7 @@ def play(
     if (to_stdout or midi_to_stdout) and sys.stdout.isatty():
         raise SpemusicError("stdout is a terminal: pipe it (| aplay -f cd) or redirect it (> live.raw)")
     asked = dict(top_p=top_p, bar_top_p=bar_top_p, onset_top_p=onset_top_p, repeat=repeat,
-                 hole_penalty=hole_penalty, stacking=stacking, echo_strength=echo_strength)
+                 hole_penalty=hole_penalty, stacking=stacking)
     _sampling_options({}, temperature, 0, **asked)  # refused before any work when out of range
     if record is not None:
         if record.suffix.lower() not in (".mid", ".midi"):

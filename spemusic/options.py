@@ -167,8 +167,7 @@ class TrainConfig:
 # the name it was released under (its checkpoint's info["name"]); docs/sampling.md says why.
 # the chord-tone bias of --chords (sampling.chord_tones), in nats: the models alone follow chord tokens weakly
 CHORD_STRENGTH = 2.0
-SAMPLING_DEFAULTS = dict(top_p=1.0, bar_top_p=0.8, onset_top_p=1.0, repeat=0.0, hole_penalty=0.0, stacking=1.0,
-                         echo_strength=1.0)
+SAMPLING_DEFAULTS = dict(top_p=1.0, bar_top_p=0.8, onset_top_p=1.0, repeat=0.0, hole_penalty=0.0, stacking=1.0)
 MODEL_SAMPLING = {
     # groove's continuations keep closer to their prompt's style with the unlikely hits cut: one
     # stray hit and the model takes the bar for a fill (benchmarks/groove_drift.py)

@@ -560,8 +560,7 @@ def test_threads_option(run_cli, tiny_checkpoint, tmp_path):
     (["--chord-strength", "-1"], "--chord-strength"), (["--repeat", "1.5"], "--repeat must be between 0"),
     (["--repeat", "-0.1"], "--repeat must be between 0"), (["--onset-top-p", "0"], "--onset-top-p must be in"),
     (["--hole-penalty", "-1"], "--hole-penalty must be between 0"), (["--hole-penalty", "nan"], "--hole-penalty must"),
-    (["--stacking", "0"], "--stacking must be in (0, 10]"), (["--echo-strength", "-1"], "--echo-strength must be between 0"),
-    (["--echo-strength", "2"], "--echo-strength needs a model with an echo head"),
+    (["--stacking", "0"], "--stacking must be in (0, 10]"),
 ])
 def test_out_of_range_sampling_options(run_cli, tiny_checkpoint, tmp_path, args, message):
     code, _, err = run_cli("generate", "--model", tiny_checkpoint, "--length", 20, "-o", tmp_path / "x.mid", *args)

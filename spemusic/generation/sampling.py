@@ -438,11 +438,6 @@ def chords_in_force(ids: torch.Tensor, tokenizer: REMITokenizer) -> torch.Tensor
     return torch.where(last >= 0, ids.gather(1, last.clamp_min(0)), torch.full_like(ids, -1))
 
 
-def _check_echo_strength(model: Performer, options: SamplingOptions) -> None:
-    if options.echo_strength != 1.0 and model.echo_head is None:
-        raise OptionError("{echo_strength} needs a model with an echo head (the shipped models have one)")
-
-
 def _check_absolute_pe_reach(model: Performer, prompt_len: int, length: int | None) -> None:
     """A model with an absolute positional encoding cannot go past the length it has positions for."""
     total = prompt_len + (length if length is not None else 10**9)
@@ -568,43 +563,41 @@ def sample(model: Performer, tokenizer: REMITokenizer, config: GenerationConfig 
     batch_prompt = torch.from_numpy(np.tile(prompt, (num, 1))).to(device)
     # with --chords, a bar copies only from moments under its own chord: the harmony is the user's
     by_chord = chords is not None and options.repeat > 0
-    _check_echo_strength(model, options)
-    with model.echo_strength(options.echo_strength):  # (the compiled step folds it in when it is made)
-        decoder = _Decoder(model, tokenizer, batch_prompt, options, weights_dtype or auto_step_dtype(device, num), by_chord)
+    decoder = _Decoder(model, tokenizer, batch_prompt, options, weights_dtype or auto_step_dtype(device, num), by_chord)
 
-        interrupted = False
-        n = 0
-        t0 = time.perf_counter()
-        try:
-            while True:
-                masks = pieces.masks()
-                tags = torch.tensor([st.chord for st in pieces.states], device=device) if by_chord else None
-                logits = decoder.next_log_probs(tags)
-                for b in pieces.going():
-                    steer.favour_chord_tones(logits[b], pieces.states[b], pieces.bars_started[b])
-                masked = logits.masked_fill(~torch.from_numpy(masks).to(device), float("-inf"))
-                at_bar = [not pieces.done[b] and st.last == BAR for b, st in enumerate(pieces.states)]
-                at_bar = torch.tensor(at_bar) if any(at_bar) else None
-                masked = steer_onsets(masked, pieces.steered_states(), options, onset_ids)
-                probs = torch.softmax(filter_logits(masked, options, at_bar, changes), dim=-1).cpu()
-                nxt = torch.multinomial(probs, 1, generator=gen).squeeze(1)
-                for b in pieces.going():
-                    if opens_on_meter(pieces.states[b], pieces.from_scratch):
-                        nxt[b] = int(masked[b].argmax())
-                    if pieces.forced[b] is not None:  # whatever the onset corrections made of its odds
-                        nxt[b] = pieces.forced[b]
-                n += 1
-                pieces.take(nxt.tolist())
-                if on_token is not None:
-                    on_token(n, max(pieces.bars_started))
-                if all(pieces.done):
-                    break
-                if should_stop is not None and should_stop():
-                    interrupted = True
-                    break
-                decoder.feed(nxt.to(device), tags)
-        except KeyboardInterrupt:
-            interrupted = True
+    interrupted = False
+    n = 0
+    t0 = time.perf_counter()
+    try:
+        while True:
+            masks = pieces.masks()
+            tags = torch.tensor([st.chord for st in pieces.states], device=device) if by_chord else None
+            logits = decoder.next_log_probs(tags)
+            for b in pieces.going():
+                steer.favour_chord_tones(logits[b], pieces.states[b], pieces.bars_started[b])
+            masked = logits.masked_fill(~torch.from_numpy(masks).to(device), float("-inf"))
+            at_bar = [not pieces.done[b] and st.last == BAR for b, st in enumerate(pieces.states)]
+            at_bar = torch.tensor(at_bar) if any(at_bar) else None
+            masked = steer_onsets(masked, pieces.steered_states(), options, onset_ids)
+            probs = torch.softmax(filter_logits(masked, options, at_bar, changes), dim=-1).cpu()
+            nxt = torch.multinomial(probs, 1, generator=gen).squeeze(1)
+            for b in pieces.going():
+                if opens_on_meter(pieces.states[b], pieces.from_scratch):
+                    nxt[b] = int(masked[b].argmax())
+                if pieces.forced[b] is not None:  # whatever the onset corrections made of its odds
+                    nxt[b] = pieces.forced[b]
+            n += 1
+            pieces.take(nxt.tolist())
+            if on_token is not None:
+                on_token(n, max(pieces.bars_started))
+            if all(pieces.done):
+                break
+            if should_stop is not None and should_stop():
+                interrupted = True
+                break
+            decoder.feed(nxt.to(device), tags)
+    except KeyboardInterrupt:
+        interrupted = True
     wall = time.perf_counter() - t0
     complete = bars is not None and not interrupted
     out = [canonical(finish_sequence(s, tokenizer, grammar, keep=len(prompt), last_bar_complete=complete and d),
@@ -638,32 +631,30 @@ def stream_bars(model: Performer, tokenizer: REMITokenizer, *, prompt: np.ndarra
     from_scratch = len(prompt) == 1
     onset_ids = OnsetTokens.of(tokenizer, device)
     changes = meter_changes(tokenizer).to(device)
-    _check_echo_strength(model, options)
-    with model.echo_strength(options.echo_strength):
-        decoder = _Decoder(model, tokenizer, torch.from_numpy(prompt[None]).to(device), options,
-                           weights_dtype or auto_step_dtype(device, 1))
-        bar: list[int] = []
-        while True:
-            if not from_scratch and not bar:  # continuing a prompt starts a new bar
-                mask = np.zeros(len(tokenizer), dtype=bool)
-                mask[tokenizer.bar_id] = True
-            else:
-                mask = next_token_mask(grammar, st, trained, from_scratch=from_scratch)
-            masked = decoder.next_log_probs().masked_fill(~torch.from_numpy(mask).to(device), float("-inf"))
-            if opens_on_meter(st, from_scratch):
-                nxt = int(masked[0].argmax())
-            else:
-                masked = steer_onsets(masked, [st], options, onset_ids)
-                at_bar = torch.tensor([True]) if st.last == BAR else None
-                probs = torch.softmax(filter_logits(masked, options, at_bar, changes), dim=-1).cpu()
-                nxt = int(torch.multinomial(probs, 1, generator=gen)[0, 0])
-            if nxt == tokenizer.bar_id and bar:
-                yield bar
-                bar = []
-            bar.append(nxt)
-            grammar.advance(st, nxt)
-            if on_token is not None:
-                on_token()
-            if should_stop is not None and should_stop():
-                return
-            decoder.feed(torch.tensor([nxt], device=device))
+    decoder = _Decoder(model, tokenizer, torch.from_numpy(prompt[None]).to(device), options,
+                       weights_dtype or auto_step_dtype(device, 1))
+    bar: list[int] = []
+    while True:
+        if not from_scratch and not bar:  # continuing a prompt starts a new bar
+            mask = np.zeros(len(tokenizer), dtype=bool)
+            mask[tokenizer.bar_id] = True
+        else:
+            mask = next_token_mask(grammar, st, trained, from_scratch=from_scratch)
+        masked = decoder.next_log_probs().masked_fill(~torch.from_numpy(mask).to(device), float("-inf"))
+        if opens_on_meter(st, from_scratch):
+            nxt = int(masked[0].argmax())
+        else:
+            masked = steer_onsets(masked, [st], options, onset_ids)
+            at_bar = torch.tensor([True]) if st.last == BAR else None
+            probs = torch.softmax(filter_logits(masked, options, at_bar, changes), dim=-1).cpu()
+            nxt = int(torch.multinomial(probs, 1, generator=gen)[0, 0])
+        if nxt == tokenizer.bar_id and bar:
+            yield bar
+            bar = []
+        bar.append(nxt)
+        grammar.advance(st, nxt)
+        if on_token is not None:
+            on_token()
+        if should_stop is not None and should_stop():
+            return
+        decoder.feed(torch.tensor([nxt], device=device))

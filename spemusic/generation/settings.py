@@ -40,8 +40,6 @@ class SamplingOptions:
                             # (temper_stacking); 1: off
     repeat: float = 0.0     # the continuous cache's largest share (spemusic.generation.cache): the piece copies its
                             # earlier bars where it is somewhere it has been before; 0: off
-    echo_strength: float = 1.0  # the echo head's scores (a repeat 1-8 bars back, copied once it holds) times
-                                # this (Performer.echo_strength); 1: as trained
 
     def check(self) -> None:
         if not (1e-3 <= self.temperature <= 1e3):  # (NaN fails too) beyond: one-hot or uniform in float32
@@ -60,8 +58,6 @@ class SamplingOptions:
             raise OptionError("{stacking} must be in (0, 10] (got {value})", value=self.stacking)
         if not (0 <= self.repeat <= 1):
             raise OptionError("{repeat} must be between 0 (off) and 1 (got {value})", value=self.repeat)
-        if not (0 <= self.echo_strength <= 10):
-            raise OptionError("{echo_strength} must be between 0 (off) and 10 (got {value})", value=self.echo_strength)
 
     def cache(self) -> CacheOptions | None:
         from .cache import CacheOptions

@@ -21,7 +21,6 @@ Design notes (SPE: Liutkus et al., ICML 2021; FAVOR+: Choromanski et al., ICLR 2
 """
 from __future__ import annotations
 
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, fields
 
 import torch
@@ -465,7 +464,6 @@ class Performer(nn.Module):
         if cfg.echo_head:  # row k: lag echo_head[k]; column j: j of the last echo_window tokens it named right
             self.echo_head = nn.Embedding(len(cfg.echo_head), cfg.echo_window + 1)
             nn.init.zeros_(self.echo_head.weight)  # added to a trained model, it changes nothing at first
-        self.echo_scale = 1.0  # sampling only: the echo head's scores times this (echo_strength)
         self.drop = nn.Dropout(cfg.dropout)
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
         self.ln_f = nn.LayerNorm(cfg.d_model)
@@ -497,16 +495,6 @@ class Performer(nn.Module):
         with torch.no_grad():
             for b in self.blocks:
                 b.attn.redraw(generator)
-
-    @contextmanager
-    def echo_strength(self, scale: float):
-        """Inside the block, the echo head's scores are multiplied by `scale`: a
-        sampler's setting (SamplingOptions.echo), for steps and compiled steps made inside it."""
-        old, self.echo_scale = self.echo_scale, float(scale)
-        try:
-            yield
-        finally:
-            self.echo_scale = old
 
     def resample(self, seed: int, redraw_features: bool = False) -> None:
         """Fix the SPE realization used by every later eval-mode call (forward,
@@ -573,7 +561,7 @@ class Performer(nn.Module):
         if reads and "interval" in reads:
             logits = self.add_intervals(logits, reads["interval"])
         if reads and "echo" in reads:
-            logits = add_echo_scores(logits, self.echo_head.weight, *reads["echo"], self.echo_scale)
+            logits = add_echo_scores(logits, self.echo_head.weight, *reads["echo"])
         return logits
 
     def add_intervals(self, logits: torch.Tensor, anchor) -> torch.Tensor:

@@ -140,13 +140,12 @@ def named_right(cands: torch.Tensor, tokens: torch.Tensor, none_id: int) -> torc
     return ((cands == tokens[..., None]) & (cands != none_id)).long()
 
 
-def add_echo_scores(logits: torch.Tensor, rows: torch.Tensor, cands: torch.Tensor, agree: torch.Tensor,
-                    scale: float = 1.0) -> torch.Tensor:
-    """logits (…, V) + the echo head's scores times `scale`: row k of `rows` (K, window + 1) at lag
-    k's agreement (…, K), added to its candidate's logit (…, K) (twice where two lags name the same
-    token); none where the candidate is V (no echo)."""
+def add_echo_scores(logits: torch.Tensor, rows: torch.Tensor, cands: torch.Tensor, agree: torch.Tensor) -> torch.Tensor:
+    """logits (…, V) + the echo head's scores: row k of `rows` (K, window + 1) at lag k's agreement
+    (…, K), added to its candidate's logit (…, K) (twice where two lags name the same token); none
+    where the candidate is V (no echo)."""
     V = logits.shape[-1]
-    scores = rows[torch.arange(rows.shape[0], device=rows.device), agree] * ((cands < V) * scale)
+    scores = rows[torch.arange(rows.shape[0], device=rows.device), agree] * (cands < V)
     return logits.scatter_add(-1, cands.clamp(max=V - 1), scores.to(logits.dtype))
 
 

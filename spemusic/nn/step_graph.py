@@ -331,8 +331,7 @@ class StepGraph:
             self.carry = _echo_carry((state.recall or {}).get("echo"), B, bar_id, lo, hi, cfg.vocab_size,
                                      cfg.echo_bars, lags, cfg.echo_window)
             if lags:
-                # (the sampler's echo strength, Performer.echo_strength, folded into the scores)
-                P["echo_head_rows"] = detach(model.echo_head.weight.float() * model.echo_scale)
+                P["echo_head_rows"] = detach(model.echo_head.weight.float())
                 self.eh = {"cands": self.carry["cands"], "got": self.carry["got"]}
             state.recall = {**(state.recall or {}), "echo": self.carry["ids"]}  # the same tensor, kept current
         self.ids = torch.zeros(B, dtype=torch.long)
