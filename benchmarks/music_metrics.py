@@ -390,11 +390,16 @@ def groove(args, opts) -> dict:
     sims, real, backbone = [], [], []
     kept, kept_real = [], []  # prompts on a backbeat in both bars: the share of later bars that keep it
     whole, whole_real = [], []  # the same against the whole source piece
+    empty = new_bars = 0  # the continuations' new bars without a note
     t0 = time.perf_counter()
     for i, src in enumerate(sources):
         bars = np.flatnonzero(src == tok.bar_id)
         prompt = src[: bars[2]]  # the first two bars
         outs = sample(model, tok, num=args.per_prompt, bars=args.bars, prompt=prompt, seed=i, options=opts).ids
+        for out in outs:
+            g = note_grid(out, tok)
+            notes = np.bincount(g.bar, minlength=g.n_bars)[2:]
+            empty, new_bars = empty + int(np.count_nonzero(notes == 0)), new_bars + len(notes)
         # one row per prompt: the mean over its continuations
         sims.append(np.nanmean([continuation_similarity(src, out, tok, 2, reference_bars=2) for out in outs], axis=0))
         whole.append(np.nanmean([continuation_similarity(src, out, tok, 2) for out in outs], axis=0))
@@ -437,6 +442,8 @@ def groove(args, opts) -> dict:
     print(f"backbeat: after the {len(kept)} prompts with a snare on beats 2 and 4 in both bars, "
           f"{np.nanmean(kept) if kept else float('nan'):.3f} of the continuations' bars keep it; the pieces' own next bars "
           f"{np.nanmean(kept_real) if kept_real else float('nan'):.3f}")
+    print(f"empty bars: {empty} of the continuations' {new_bars} new bars have no note (goal 0, "
+          f"{'met' if empty == 0 else 'MISSED'})")
     scratch = sample(model, tok, num=args.scratch, bars=8, seed=10_000 + args.seed, options=opts).ids
     gen_grids, real_grids = [note_grid(s, tok) for s in scratch], [note_grid(s, tok) for s in sources]
     print(f"from scratch ({args.scratch} pieces of 8 bars) against the {len(sources)} valid pieces:")
@@ -449,7 +456,7 @@ def groove(args, opts) -> dict:
     return {"model": str(args.groove_model), "quarters": q.tolist(), "quarters_90": [q_lo.tolist(), q_hi.tolist()],
             "ratio": float(q[3] / q[0]), "ratio_90": [float(lo), float(hi)], "real_quarters": qr.tolist(),
             "whole_source_quarters": w.tolist(), "whole_source_real_quarters": wr.tolist(),
-            "backbone_share": share, "backbeat_kept": [float(np.nanmean(kept)) if kept else None,
+            "backbone_share": share, "empty_bars": [empty, new_bars], "backbeat_kept": [float(np.nanmean(kept)) if kept else None,
                                                        float(np.nanmean(kept_real)) if kept_real else None],
             "from_scratch": scratch_rows, "per_prompt": sims.tolist()}
 
