@@ -187,16 +187,6 @@ def parts(generated, continued, real, tok) -> dict:
     return means
 
 
-def chords_at_bar_lines(g, bars) -> list[str]:
-    """The chord in force at the bar line of each of `bars` (N before the first chord, or for a bar
-    the piece does not have)."""
-    out = []
-    for b in bars:
-        before = np.flatnonzero(g.chord_step <= g.bar_start[b]) if 0 <= b < g.n_bars else []
-        out.append(g.chord_name[before[-1]] if len(before) else "N")
-    return out
-
-
 def accompany_check(model, tok, valid_paths, opts, seed: int, chart=None) -> dict:
     """Accompany the real melody of each valid song (its first ACCOMPANY_BARS bars from its first
     bar with melody, and the bars before it, on its beats), as `spemusic accompany` does: on the
@@ -208,7 +198,15 @@ def accompany_check(model, tok, valid_paths, opts, seed: int, chart=None) -> dic
     track's; the share of the melody's time a semitone off the accompaniment, next to the song's;
     whether the melody came back token for token."""
     from spemusic.generation.accompany import hold_melody, load_melody
-    from spemusic.music.metrics import bar_chords, chord_match, cosine, melody_clashes, note_grid, pitch_class_histogram
+    from spemusic.music.metrics import (
+        bar_chords,
+        chord_match,
+        chords_at_bar_lines,
+        cosine,
+        melody_clashes,
+        note_grid,
+        pitch_class_histogram,
+    )
     from spemusic.options import CHORD_STRENGTH
 
     pop = DATA / "pop909"
@@ -248,9 +246,14 @@ def accompany_check(model, tok, valid_paths, opts, seed: int, chart=None) -> dic
         tally["real"][1] += c
         clashes["real"].append(melody_clashes(g_real, (g_real.prog == melody_id) & in_bars,
                                               (g_real.prog != melody_id) & in_bars))
+        # the song's own chords as `--chords` takes them: the one in force at each bar line (N where none)
+        at_bar_lines = chords_at_bar_lines(g_real)
+        given = {"song": [(at_bar_lines[b] if 0 <= b < len(at_bar_lines) else None) or "N"
+                          for b in range(shift, shift + bars)]}
+        if chart is not None:
+            given["charted"] = chart(cut)
         for mode in modes:
-            chords = (chart(cut) if mode == "charted" else
-                      chords_at_bar_lines(g_real, range(shift, shift + bars)) if mode == "song" else None)
+            chords = given.get(mode)  # ("named": None, the model names them)
             ids = sample(model, tok, num=1, bars=bars, seed=seed + 4000 + i, options=opts,
                          parts=("melody", "bridge", "piano"), held=hold_melody(cut, tok), chords=chords,
                          chord_strength=CHORD_STRENGTH if chords else 0.0).ids[0]
@@ -398,8 +401,9 @@ def groove(args, opts) -> dict:
         outs = sample(model, tok, num=args.per_prompt, bars=args.bars, prompt=prompt, seed=i, options=opts).ids
         for out in outs:
             g = note_grid(out, tok)
-            notes = np.bincount(g.bar, minlength=g.n_bars)[2:]
-            empty, new_bars = empty + int(np.count_nonzero(notes == 0)), new_bars + len(notes)
+            notes = np.bincount(g.bar, minlength=g.n_bars)[2:]  # per new bar
+            empty += int(np.count_nonzero(notes == 0))
+            new_bars += len(notes)
         # one row per prompt: the mean over its continuations
         sims.append(np.nanmean([continuation_similarity(src, out, tok, 2, reference_bars=2) for out in outs], axis=0))
         whole.append(np.nanmean([continuation_similarity(src, out, tok, 2) for out in outs], axis=0))

@@ -203,16 +203,21 @@ def repetition(g: NoteGrid, window: int = 16) -> float:
     return float(np.mean(scores)) if scores else float("nan")
 
 
+def chords_at_bar_lines(g: NoteGrid) -> list[str | None]:
+    """The chord in force at each bar line (None: no chord token came yet)."""
+    out = []
+    for s in g.bar_start.tolist():
+        before = np.flatnonzero(g.chord_step <= s)
+        out.append(g.chord_name[before[-1]] if len(before) else None)
+    return out
+
+
 def bar_chords(g: NoteGrid) -> list[str | None]:
     """The chord in force over each whole bar (None where the chord changes inside the bar, or no
     chord token came yet)."""
-    out = []
-    steps, names = g.chord_step, g.chord_name
-    for s, L in zip(g.bar_start.tolist(), g.bar_len.tolist()):
-        before = np.flatnonzero(steps <= s) if len(steps) else []
-        inside = np.flatnonzero((steps > s) & (steps < s + L)) if len(steps) else []
-        out.append(names[before[-1]] if len(before) and not len(inside) else None)
-    return out
+    steps = g.chord_step
+    return [None if np.any((steps > s) & (steps < s + L)) else name
+            for name, s, L in zip(chords_at_bar_lines(g), g.bar_start.tolist(), g.bar_len.tolist())]
 
 
 def chord_match(g: NoteGrid, asked: list[str | None] | None = None, notes: np.ndarray | None = None) -> tuple[int, int]:
