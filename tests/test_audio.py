@@ -75,6 +75,21 @@ def test_sustain_pedal_holds_notes_until_it_lifts(midi_factory):
                                                                bundled_soundfont()))
 
 
+def test_a_render_spoilt_by_the_synthesizer_is_made_again_by_a_fresh_one():
+    """prestosynth, once it holds many voices, can render NaN frames (`play` met it): the notes are
+    rendered again by a fresh synthesizer, which replaces the spoilt one."""
+    class Spoilt:
+        def render(self, score, stereo):
+            return np.full((2, 100), np.nan, dtype=np.float32)
+
+    score = symusic.Score(480)
+    track = symusic.Track(program=0)
+    track.notes.append(symusic.Note(0, 480, 60, 80))
+    score.tracks.append(track)
+    synth, out = audio.synthesize(Spoilt(), score, bundled_soundfont(), 44100)
+    assert not isinstance(synth, Spoilt) and np.isfinite(out).all() and np.abs(out).max() > 0
+
+
 def test_folder_mode_and_format(run_cli, examples, tmp_path):
     code, _, err = run_cli("render", examples["groove"].parent, "-o", tmp_path / "audio/", "--format", "flac")
     assert code == 0, err

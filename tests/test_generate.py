@@ -59,33 +59,43 @@ def test_bars_mode_gives_complete_bars(tiny_checkpoint):
 
 
 def test_top_p_and_top_k_filtering():
-    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
-    kept = torch.isfinite(filter_logits(logits, SamplingOptions(top_p=0.8)))
+    logits = np.log(np.array([[0.5, 0.3, 0.15, 0.05]], dtype=np.float32))
+    kept = np.isfinite(filter_logits(logits, SamplingOptions(top_p=0.8)))
     assert kept.tolist() == [[True, True, False, False]]  # 0.5 + 0.3 reaches 0.8
-    kept = torch.isfinite(filter_logits(logits, SamplingOptions(top_p=0.81)))
+    kept = np.isfinite(filter_logits(logits, SamplingOptions(top_p=0.81)))
     assert kept.tolist() == [[True, True, True, False]]
-    kept = torch.isfinite(filter_logits(logits, SamplingOptions(top_p=1e-6)))
+    kept = np.isfinite(filter_logits(logits, SamplingOptions(top_p=1e-6)))
     assert kept.tolist() == [[True, False, False, False]]  # the most likely token always stays
-    kept = torch.isfinite(filter_logits(logits, SamplingOptions(top_k=2)))
+    kept = np.isfinite(filter_logits(logits, SamplingOptions(top_k=2)))
     assert kept.tolist() == [[True, True, False, False]]
-    masked = logits.clone()
+    masked = logits.copy()
     masked[0, 0] = float("-inf")  # grammar-masked tokens never come back
-    kept = torch.isfinite(filter_logits(masked, SamplingOptions(top_p=0.5)))
+    kept = np.isfinite(filter_logits(masked, SamplingOptions(top_p=0.5)))
     assert kept.tolist() == [[False, True, False, False]]
+
+
+def test_draw_follows_the_softmax_and_never_takes_a_masked_token():
+    from spemusic.generation.sampling import draw
+
+    logits = np.array([[-np.inf, np.log(0.5), np.log(0.3), np.log(0.2), -np.inf]] * 20_000, dtype=np.float32)
+    drawn = draw(logits, np.random.default_rng(0))
+    assert np.bincount(drawn, minlength=5)[[0, 4]].tolist() == [0, 0]
+    assert np.allclose(np.bincount(drawn, minlength=5)[1:4] / len(drawn), [0.5, 0.3, 0.2], atol=0.015)
+    assert np.array_equal(draw(logits[:8], np.random.default_rng(3)), draw(logits[:8], np.random.default_rng(3)))
 
 
 def test_bar_top_p_keeps_the_meter_and_leaves_the_first_onset_to_the_model():
     # tokens: 0 and 1 two first onsets, 2 and 3 two meter changes (0.2 + 0.1 of the mass)
-    logits = torch.log(torch.tensor([[0.4, 0.3, 0.2, 0.1]] * 2))
-    changes = torch.tensor([False, False, True, True])
+    logits = np.log(np.array([[0.4, 0.3, 0.2, 0.1]] * 2, dtype=np.float32))
+    changes = np.array([False, False, True, True])
     opts = SamplingOptions(top_p=1.0, bar_top_p=0.7)
-    kept = torch.isfinite(filter_logits(logits, opts, at_bar=torch.tensor([True, False]), changes=changes))
+    kept = np.isfinite(filter_logits(logits, opts, at_bar=np.array([True, False]), changes=changes))
     # carrying on (0.7) reaches the nucleus: both changes go, both onsets stay
     assert kept.tolist() == [[True, True, False, False], [True, True, True, True]]
-    kept = torch.isfinite(filter_logits(logits, SamplingOptions(bar_top_p=0.8), torch.tensor([True]), changes))
+    kept = np.isfinite(filter_logits(logits, SamplingOptions(bar_top_p=0.8), np.array([True]), changes))
     assert kept[0].tolist() == [True, True, True, False]  # 0.7 + 0.2 reaches 0.8: the likelier change stays
-    sure = torch.log(torch.tensor([[0.05, 0.05, 0.85, 0.05]]))
-    kept = torch.isfinite(filter_logits(sure, SamplingOptions(bar_top_p=0.8), torch.tensor([True]), changes))
+    sure = np.log(np.array([[0.05, 0.05, 0.85, 0.05]], dtype=np.float32))
+    kept = np.isfinite(filter_logits(sure, SamplingOptions(bar_top_p=0.8), np.array([True]), changes))
     assert kept[0].tolist() == [False, False, True, False]  # a change the model is sure of happens
     with pytest.raises(OptionError, match=r"^bar_top_p must be in \(0, 1\] \(got 0\)$"):
         SamplingOptions(bar_top_p=0).check()
@@ -627,21 +637,21 @@ def test_training_records_its_vocabulary():
 def test_discourage_holes_moves_the_next_onset_closer_and_keeps_its_total():
     """Onsets that would leave silence are penalised by its length; the onsets' total (against
     another note at this onset) is kept, and pieces not choosing an onset are untouched."""
-    from spemusic.generation.sampling import discourage_holes
+    from spemusic.generation.sampling import discourage_holes, log_sum_exp
     from spemusic.tokens.grammar import NOTE_END, PITCH, GrammarState
 
-    onsets = torch.arange(10, 10 + 49)  # Position_0 … Position_47, then the bar line
+    onsets = np.arange(10, 10 + 49)  # Position_0 … Position_47, then the bar line
     after_note = GrammarState(last=NOTE_END, pos=0, bar_len=48, sounding=12)  # sounds for one beat
     mid_note = GrammarState(last=PITCH, pos=0, bar_len=48, sounding=12)
-    logits = torch.randn(2, 80)
+    logits = np.random.default_rng(0).standard_normal((2, 80)).astype(np.float32)
     out = discourage_holes(logits, [after_note, mid_note], 4.0, onsets, beat=12)
-    assert torch.equal(out[1], logits[1]) and torch.equal(out[0, :10], logits[0, :10])
-    assert torch.allclose(out[0, onsets].logsumexp(-1), logits[0, onsets].logsumexp(-1))
+    assert np.array_equal(out[1], logits[1]) and np.array_equal(out[0, :10], logits[0, :10])
+    assert np.allclose(log_sum_exp(out[0, onsets]), log_sum_exp(logits[0, onsets]))
     shift = out[0, onsets] - logits[0, onsets]
-    assert torch.allclose(shift[:16], shift[0].expand(16))  # up to a quarter beat after the sound ends: free
-    assert torch.allclose(shift[15] - shift[27], torch.tensor(4.0))  # one beat further: 4 nats less
-    assert torch.allclose(shift[15] - shift[-1], torch.tensor(4.0 * 33 / 12))  # the bar line, 33 steps further
-    assert torch.equal(discourage_holes(logits, [after_note, mid_note], 0.0, onsets, beat=12), logits)
+    assert np.allclose(shift[:16], shift[0])  # up to a quarter beat after the sound ends: free
+    assert np.isclose(shift[15] - shift[27], 4.0)  # one beat further: 4 nats less
+    assert np.isclose(shift[15] - shift[-1], 4.0 * 33 / 12)  # the bar line, 33 steps further
+    assert np.array_equal(discourage_holes(logits, [after_note, mid_note], 0.0, onsets, beat=12), logits)
 
 
 def test_a_large_hole_penalty_leaves_no_hole(shared_data):
@@ -659,7 +669,7 @@ def test_a_large_hole_penalty_leaves_no_hole(shared_data):
     def holes(penalty: float) -> tuple[int, list[tuple[np.ndarray, int]]]:
         """(steps in holes longer than a quarter beat, [(grid, step where such a hole ends)])."""
         steps, ends = 0, []
-        for ids in sample(model, tok, num=4, length=400, seed=3, options=SamplingOptions(hole_penalty=penalty)).ids:
+        for ids in sample(model, tok, num=4, length=400, seed=4, options=SamplingOptions(hole_penalty=penalty)).ids:
             grid = note_grid(ids, tok)
             lo = grid.onset.min()
             silent = np.r_[0, (~sounding(grid)[lo:(grid.onset + grid.dur).max()]).astype(int), 0]
@@ -680,23 +690,23 @@ def test_a_large_hole_penalty_leaves_no_hole(shared_data):
 def test_temper_stacking_scales_the_odds_of_one_more_note():
     """Once an onset holds two notes, the odds of one more note (its Program tokens against the
     rest) are multiplied by the scale; an onset with one note, and a piece mid-note, are untouched."""
-    from spemusic.generation.sampling import temper_stacking
+    from spemusic.generation.sampling import softmax, temper_stacking
     from spemusic.tokens.grammar import NOTE_END, PITCH, GrammarState
 
     programs = slice(20, 30)
     two = GrammarState(last=NOTE_END, notes_here=2)
     one = GrammarState(last=NOTE_END, notes_here=1)
     mid = GrammarState(last=PITCH, notes_here=3)
-    logits = torch.randn(3, 60)
+    logits = np.random.default_rng(0).standard_normal((3, 60)).astype(np.float32)
     out = temper_stacking(logits, [two, one, mid], 0.5, programs)
-    assert torch.equal(out[1:], logits[1:])
+    assert np.array_equal(out[1:], logits[1:])
 
     def odds(row):
-        p = row.softmax(-1)[programs].sum()
+        p = softmax(row)[programs].sum()
         return p / (1 - p)
 
-    assert torch.allclose(odds(out[0]), 0.5 * odds(logits[0]))
-    assert torch.equal(temper_stacking(logits, [two, one, mid], 1.0, programs), logits)
+    assert np.isclose(odds(out[0]), 0.5 * odds(logits[0]))
+    assert np.array_equal(temper_stacking(logits, [two, one, mid], 1.0, programs), logits)
 
 
 def test_meter_holds_for_the_whole_piece_and_tempo_is_written_exactly(run_cli, tmp_path):
@@ -719,7 +729,7 @@ def test_meter_holds_for_the_whole_piece_and_tempo_is_written_exactly(run_cli, t
 
     _, tok = load_model("pop-piano")
     grammar = REMIGrammar(tok)
-    steer = _Steering.of(tok, grammar, None, None, 0.0, "3/4", None, None, "cpu")
+    steer = _Steering.of(tok, grammar, None, None, 0.0, "3/4", None, None)
     st = GrammarState()
     for t in tok.tokens_to_ids(["BOS", "Bar", "TimeSig_3/4", "Position_0", "Tempo_10", "Program_piano", "Pitch_60",
                                 "Velocity_20", "Duration_12", "Bar"]):

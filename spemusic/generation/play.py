@@ -156,14 +156,15 @@ class Player:
     def _mix_audio(self, bar: TimedBar, start: float) -> None:
         if not bar.score.note_num():
             return
-        from ..music.audio import hold_sustained_notes
+        from ..music.audio import hold_sustained_notes, synthesize
 
         self.rendered += 1
         if self.rendered % SYNTH_RENEWAL == 0:  # prestosynth caches every voice it renders: start afresh
             import symusic
 
             self.synth = symusic.Synthesizer(str(self.soundfont), self.rate)
-        block = np.ascontiguousarray(self.synth.render(hold_sustained_notes(bar.score), True).T) * AUDIO_GAIN
+        self.synth, block = synthesize(self.synth, hold_sustained_notes(bar.score), self.soundfont, self.rate)
+        block = np.ascontiguousarray(block.T) * AUDIO_GAIN
         offset = round(start * self.rate) - self.written
         need = offset + len(block)
         if need > len(self.audio):

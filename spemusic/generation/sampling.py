@@ -22,58 +22,84 @@ from ..tokens.tokenizer import TEMPO, REMITokenizer
 from .cache import ContinuousCache
 from .settings import GenerationConfig, SamplingOptions, check_length_bars
 
+NEG_INF = np.float32(-np.inf)
 
-def filter_logits(logits: torch.Tensor, opts: SamplingOptions, at_bar: torch.Tensor | None = None,
-                  changes: torch.Tensor | None = None) -> torch.Tensor:
-    """Temperature, then top-k, then nucleus (top-p) on B×V logits (masked tokens are -inf).
-    Top-p keeps the smallest set of most likely tokens whose mass reaches p; the most likely token
-    is always kept, and ties at the cut are broken by sort order (deterministic). Rows where
+
+def log_sum_exp(x: np.ndarray) -> np.ndarray:
+    """log Σ exp over the last axis, kept as a column (-inf where a row is all -inf)."""
+    top = x.max(-1, keepdims=True)
+    top = np.where(top > NEG_INF, top, 0)
+    total = np.exp(x - top).sum(-1, keepdims=True)
+    return top + np.log(total, out=np.full_like(total, -np.inf), where=total > 0)
+
+
+def softmax(x: np.ndarray) -> np.ndarray:
+    """Softmax over the last axis of logits with -inf for the tokens masked out."""
+    e = np.exp(x - x.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+def filter_logits(logits: np.ndarray, opts: SamplingOptions, at_bar: np.ndarray | None = None,
+                  changes: np.ndarray | None = None) -> np.ndarray:
+    """Temperature, then top-k, then nucleus (top-p) on B×V float32 logits (masked tokens are
+    -inf). Top-p keeps the smallest set of most likely tokens whose mass reaches p; the most likely
+    token is always kept, and ties at the cut are broken by index (deterministic). Rows where
     `at_bar` (B bools) is true, the step right after a Bar token, also keep the meter and tempo
-    (`keep_the_meter` with `bar_top_p`; `changes`: the V bools of the tokens that change them)."""
-    logits = logits.float()
+    (`keep_the_meter` with `bar_top_p`; `changes`: the V bools of the tokens that change them).
+    The sampler's steps are numpy on a few hundred floats: a torch op costs several times more
+    in dispatch than the arithmetic (benchmarks/step_profile.py)."""
     if opts.temperature != 1.0:
-        logits = logits / opts.temperature
-    if opts.top_k > 0 and opts.top_k < logits.size(-1):
-        kth = torch.topk(logits, opts.top_k, dim=-1).values[..., -1:]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
+        logits = logits / np.float32(opts.temperature)
+    if 0 < opts.top_k < logits.shape[-1]:
+        kth = -np.partition(-logits, opts.top_k - 1, axis=-1)[..., opts.top_k - 1: opts.top_k]
+        logits = np.where(logits < kth, NEG_INF, logits)
     if opts.top_p < 1.0:
-        logits = logits.masked_fill(outside_nucleus(logits, opts.top_p), float("-inf"))
-    if at_bar is not None and changes is not None and opts.bar_top_p < 1.0 and bool(at_bar.any()):
-        at_bar = at_bar.to(logits.device)[:, None]
-        logits = torch.where(at_bar, keep_the_meter(logits, opts.bar_top_p, changes.to(logits.device)), logits)
+        logits = np.where(outside_nucleus(logits, opts.top_p), NEG_INF, logits)
+    if at_bar is not None and changes is not None and opts.bar_top_p < 1.0 and at_bar.any():
+        logits = np.where(at_bar[:, None], keep_the_meter(logits, opts.bar_top_p, changes), logits)
     return logits
 
 
-def keep_the_meter(logits: torch.Tensor, p: float, changes: torch.Tensor) -> torch.Tensor:
+def keep_the_meter(logits: np.ndarray, p: float, changes: np.ndarray) -> np.ndarray:
     """At a bar line, a nucleus over what the bar does to the meter and the tempo: carrying on (all
     the tokens in `changes`' complement, their mass together) against each change (a TimeSig or
     Tempo token). A change the model is unsure of goes; where the bar's first note falls, and so
     whether the melody plays in it, stays the model's choice (a nucleus over every token there
     cut the melody's later entries and with them a fifth of its bars: docs/sampling.md)."""
-    carry_on = logits.masked_fill(changes, float("-inf")).logsumexp(-1, keepdim=True)
-    choices = torch.cat([carry_on, logits[:, changes]], dim=-1)
-    drop = outside_nucleus(choices, p)
-    out = logits.clone()
-    out[:, changes] = logits[:, changes].masked_fill(drop[:, 1:], float("-inf"))
-    return out.masked_fill(drop[:, :1] & ~changes, float("-inf"))
+    carry_on = log_sum_exp(np.where(changes, NEG_INF, logits))
+    drop = outside_nucleus(np.concatenate([carry_on, logits[:, changes]], axis=-1), p)
+    out = logits.copy()
+    out[:, changes] = np.where(drop[:, 1:], NEG_INF, logits[:, changes])
+    return np.where(drop[:, :1] & ~changes, NEG_INF, out)
 
 
-def meter_changes(tokenizer: REMITokenizer) -> torch.Tensor:
+def meter_changes(tokenizer: REMITokenizer) -> np.ndarray:
     """The V bools of the tokens that change the meter or the tempo at a bar line."""
-    out = torch.zeros(len(tokenizer), dtype=torch.bool)
+    out = np.zeros(len(tokenizer), dtype=bool)
     for kind in ("TimeSig", "Tempo"):
         out[slice(*tokenizer.range(kind))] = True
     return out
 
 
-def outside_nucleus(logits: torch.Tensor, p: float) -> torch.Tensor:
+def outside_nucleus(logits: np.ndarray, p: float) -> np.ndarray:
     """True for the tokens outside the smallest set of most likely ones whose mass reaches p (the
-    most likely token always in; ties at the cut broken by sort order, deterministically)."""
-    sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
-    probs = torch.softmax(sorted_logits, dim=-1)
-    drop_sorted = torch.cumsum(probs, dim=-1) - probs >= p
+    most likely token always in; ties at the cut broken by index, deterministically)."""
+    order = np.argsort(-logits, axis=-1, kind="stable")
+    probs = softmax(np.take_along_axis(logits, order, axis=-1))
+    drop_sorted = np.cumsum(probs, axis=-1) - probs >= p
     drop_sorted[..., 0] = False
-    return torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+    out = np.empty_like(drop_sorted)
+    np.put_along_axis(out, order, drop_sorted, axis=-1)
+    return out
+
+
+def draw(logits: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """One token per row of B×V logits, by inverse CDF of their softmax with one uniform per row
+    (a masked token, of probability 0, is never drawn)."""
+    cdf = np.exp(logits - logits.max(-1, keepdims=True)).cumsum(-1)
+    u = rng.random(len(logits)) * cdf[:, -1]
+    # (cdf.argmax: the last token of any probability, should u round up to the total)
+    return np.minimum((cdf <= u[:, None]).sum(-1), cdf.argmax(-1))
 
 
 @dataclass
@@ -184,18 +210,18 @@ def opening_tokens(tokenizer: REMITokenizer, meter: str | None = None,
     return meter_id, tempo_id
 
 
-def chord_tones(tokenizer: REMITokenizer, names: list[str]) -> torch.Tensor:
-    """(len(names), V): 1 on the Pitch tokens whose pitch class is a tone of each chord."""
+def chord_tones(tokenizer: REMITokenizer, names: list[str]) -> np.ndarray:
+    """(len(names), V) float32: 1 on the Pitch tokens whose pitch class is a tone of each chord."""
     from ..tokens.chords import QUALITIES, ROOTS
 
     lo, hi = tokenizer.range("Pitch")
     pitch_class = np.array([int(tokenizer.vocab[i].split("_")[1]) % 12 for i in range(lo, hi)])
-    tones = torch.zeros(len(names), len(tokenizer))
+    tones = np.zeros((len(names), len(tokenizer)), dtype=np.float32)
     for row, name in enumerate(names):
         if name != "N":
             root, quality = name.split(":")
             pcs = [(ROOTS.index(root) + iv) % 12 for iv in QUALITIES[quality]]
-            tones[row, lo:hi] = torch.from_numpy(np.isin(pitch_class, pcs).astype(np.float32))
+            tones[row, lo:hi] = np.isin(pitch_class, pcs)
     return tones
 
 
@@ -270,16 +296,16 @@ class _Steering:
     grammar: REMIGrammar
     trained: np.ndarray | None            # the model's trained vocabulary (next_token_mask)
     forced: list[int] | None = None       # Chord token of each bar of the progression
-    tones: torch.Tensor | None = None     # (len(progression), V) logit offsets of its chord tones
+    tones: np.ndarray | None = None       # (len(progression), V) logit offsets of its chord tones
     meter_id: int | None = None
     tempo_id: int | None = None
     bars: int | None = None
     tempo_range: tuple[int, int] = (0, 0)  # the Tempo token ids
 
     @classmethod
-    def of(cls, tokenizer, grammar, trained, chords, chord_strength, meter, tempo, bars, device) -> _Steering:
+    def of(cls, tokenizer, grammar, trained, chords, chord_strength, meter, tempo, bars) -> _Steering:
         meter_id, tempo_id = opening_tokens(tokenizer, meter, tempo)
-        tones = (chord_tones(tokenizer, chords) * chord_strength).to(device) if chords and chord_strength else None
+        tones = chord_tones(tokenizer, chords) * np.float32(chord_strength) if chords and chord_strength else None
         return cls(grammar, trained, chord_ids(tokenizer, chords) if chords else None, tones, meter_id, tempo_id, bars,
                    tokenizer.range("Tempo"))
 
@@ -301,27 +327,29 @@ class _Steering:
             mask[self.tempo_id] = True
         return mask
 
-    def favour_chord_tones(self, logits: torch.Tensor, st: GrammarState, bars_started: int) -> None:
+    def favour_chord_tones(self, logits: np.ndarray, st: GrammarState, bars_started: int) -> None:
         """Where a pitch comes next, add the bar's chord tones' offsets to `logits` (in place)."""
         if self.tones is not None and st.last == PROGRAM:
             logits += self.tones[(bars_started - 1) % len(self.forced)]
 
 
-def trim_far_onsets(logits: torch.Tensor, states: list[GrammarState], p: float, onsets: torch.Tensor) -> torch.Tensor:
+def trim_far_onsets(logits: np.ndarray, states: list[GrammarState], p: float, onsets: np.ndarray) -> np.ndarray:
     """Right after a note, the nucleus `p` among the tokens that place the next onset (`onsets`:
     the Position tokens and the bar line), their total probability kept: whether another note
     comes at this onset stays the model's choice; only the far onsets of the tail, each unlikely
     but many together, are cut (they left holes of a beat or more: benchmarks/silence_sources.py)."""
-    after_note = [st.last == NOTE_END for st in states]
-    if p >= 1.0 or not any(after_note):
+    rows = np.array([b for b, st in enumerate(states) if st.last == NOTE_END], dtype=np.intp)
+    if p >= 1.0 or not len(rows):
         return logits
-    rows = torch.tensor(after_note, device=logits.device)
-    sub = logits[:, onsets]
+    sub = logits[rows][:, onsets]
+    some = np.isfinite(sub).any(-1)
+    rows, sub = rows[some], sub[some]
+    if not len(rows):
+        return logits
     drop = outside_nucleus(sub, p)
-    kept_mass = torch.softmax(sub, dim=-1).masked_fill(drop, 0.0).sum(-1, keepdim=True)
-    trimmed = (sub - torch.log(kept_mass)).masked_fill(drop, float("-inf"))
-    out = logits.clone()
-    out[:, onsets] = torch.where(rows[:, None] & torch.isfinite(sub).any(-1, keepdim=True), trimmed, sub)
+    kept_mass = np.where(drop, 0, softmax(sub)).sum(-1, keepdims=True)
+    out = logits.copy()
+    out[rows[:, None], onsets] = np.where(drop, NEG_INF, sub - np.log(kept_mass))
     return out
 
 
@@ -330,8 +358,8 @@ def trim_far_onsets(logits: torch.Tensor, states: list[GrammarState], p: float, 
 HOLE_TOLERANCE = 0.25
 
 
-def discourage_holes(logits: torch.Tensor, states: list[GrammarState], penalty: float, onsets: torch.Tensor,
-                     beat: int) -> torch.Tensor:
+def discourage_holes(logits: np.ndarray, states: list[GrammarState], penalty: float, onsets: np.ndarray,
+                     beat: int) -> np.ndarray:
     """Where the next onset is chosen (after a note, a chord change or a bar line), take `penalty`
     nats off each onset token (`onsets`: the Positions, then the bar line) per beat of silence it
     would leave beyond `HOLE_TOLERANCE`, silence counted from where the last note to end ends
@@ -345,19 +373,22 @@ def discourage_holes(logits: torch.Tensor, states: list[GrammarState], penalty: 
             if st.sounding is not None and not st.in_melody and st.last in (NOTE_END, CHORD, BAR, TIMESIG)]
     if penalty <= 0 or not rows:
         return logits
+    rows = np.array(rows, dtype=np.intp)
+    sub = logits[rows][:, onsets]
+    some = np.isfinite(sub).any(-1)  # (a row whose onsets are all masked has nothing to move)
+    rows, sub = rows[some], sub[some]
     at = np.tile(np.arange(len(onsets), dtype=np.float32), (len(rows), 1))
     at[:, -1] = [states[b].bar_len for b in rows]  # the bar line: at the bar's end at best
     sounding = np.array([[states[b].sounding] for b in rows], dtype=np.float32)
-    hole = torch.from_numpy(np.maximum((at - sounding) / beat - HOLE_TOLERANCE, 0)).to(logits.device)
-    sub = logits[rows][:, onsets]
-    penalised = sub - penalty * hole
-    penalised += (torch.logsumexp(sub, -1, keepdim=True) - torch.logsumexp(penalised, -1, keepdim=True)).nan_to_num(0)
-    out = logits.clone()
-    out[torch.tensor(rows, device=logits.device)[:, None], onsets[None, :]] = penalised
+    nats_off = np.float32(penalty) * np.maximum((at - sounding) / beat - HOLE_TOLERANCE, 0)
+    # the onsets' total kept: each gets back log 1 / Σ p(onset) e^(-nats off) of the onsets' own odds
+    kept = (softmax(sub) * np.exp(-nats_off)).sum(-1, keepdims=True)
+    out = logits.copy()
+    out[rows[:, None], onsets] = sub - nats_off - np.log(kept)
     return out
 
 
-def temper_stacking(logits: torch.Tensor, states: list[GrammarState], scale: float, programs: slice) -> torch.Tensor:
+def temper_stacking(logits: np.ndarray, states: list[GrammarState], scale: float, programs: slice) -> np.ndarray:
     """After the second note of an onset and every later one, multiply the odds of one more note
     there (its Program tokens against the rest: the next onset, the bar line) by `scale`.
     Teacher-forced on real songs the model keeps count, but in its own pieces from scratch the
@@ -366,9 +397,8 @@ def temper_stacking(logits: torch.Tensor, states: list[GrammarState], scale: flo
     rows = [b for b, st in enumerate(states) if st.last == NOTE_END and st.notes_here >= 2]
     if scale == 1.0 or not rows:
         return logits
-    out = logits.clone()
-    out[torch.tensor(rows, device=logits.device)[:, None], torch.arange(programs.start, programs.stop,
-                                                                         device=logits.device)] += math.log(scale)
+    out = logits.copy()
+    out[rows, programs] += np.float32(math.log(scale))
     return out
 
 
@@ -376,19 +406,19 @@ def temper_stacking(logits: torch.Tensor, states: list[GrammarState], scale: flo
 class OnsetTokens:
     """The token ids the onset corrections act on: `onsets`, every Position then the bar line (the
     places the next onset may take after a note), and `programs` (the start of one more note)."""
-    onsets: torch.Tensor
+    onsets: np.ndarray
     programs: slice
     beat: int  # grid steps per beat
 
     @classmethod
-    def of(cls, tokenizer: REMITokenizer, device) -> OnsetTokens:
+    def of(cls, tokenizer: REMITokenizer) -> OnsetTokens:
         lo, hi = tokenizer.range("Position")
-        return cls(torch.tensor([*range(lo, hi), tokenizer.bar_id], device=device),
-                   slice(*tokenizer.range("Program")), tokenizer.config.beat_resolution)
+        return cls(np.array([*range(lo, hi), tokenizer.bar_id]), slice(*tokenizer.range("Program")),
+                   tokenizer.config.beat_resolution)
 
 
-def steer_onsets(logits: torch.Tensor, states: list[GrammarState], options: SamplingOptions,
-                 tokens: OnsetTokens) -> torch.Tensor:
+def steer_onsets(logits: np.ndarray, states: list[GrammarState], options: SamplingOptions,
+                 tokens: OnsetTokens) -> np.ndarray:
     """The sampler's corrections where a piece decides between one more note at this onset and
     where the next one falls (each a no-op at its neutral value): `hole_penalty`, `stacking`,
     `onset_top_p`. `states`: each piece's grammar state (a finished piece: a fresh one)."""
@@ -418,9 +448,11 @@ class _Decoder:
             self.memory.add(hidden[0][:, :-1], prompt[:, 1:], tags)
             self.hidden = hidden[0][:, -1]
 
-    def next_log_probs(self, tags: torch.Tensor | None = None) -> torch.Tensor:
-        """(B, V): the model's logits, or the log-probabilities of its mixture with the cache."""
-        return self.logits.float() if self.memory is None else self.memory.mix(self.logits, self.hidden, tags)
+    def next_log_probs(self, tags: torch.Tensor | None = None) -> np.ndarray:
+        """(B, V) float32, the sampler's own copy: the model's logits, or the log-probabilities of
+        its mixture with the cache."""
+        out = self.logits if self.memory is None else self.memory.mix(self.logits, self.hidden, tags)
+        return out.float().cpu().numpy().copy()
 
     def feed(self, ids: torch.Tensor, tags: torch.Tensor | None = None) -> None:
         if self.memory is None:
@@ -547,11 +579,10 @@ def sample(model: Performer, tokenizer: REMITokenizer, config: GenerationConfig 
     banned = banned_parts(tokenizer, config.parts)
     if banned is not None:  # the parts not asked for leave the vocabulary the pieces keep to
         trained = ~banned if trained is None else trained & ~banned
-    steer = _Steering.of(tokenizer, grammar, trained, chords, config.chord_strength, config.meter, config.tempo, bars,
-                         device)
-    onset_ids = OnsetTokens.of(tokenizer, device)
-    changes = meter_changes(tokenizer).to(device)
-    gen = torch.Generator(device="cpu").manual_seed(seed)
+    steer = _Steering.of(tokenizer, grammar, trained, chords, config.chord_strength, config.meter, config.tempo, bars)
+    onset_ids = OnsetTokens.of(tokenizer)
+    changes = meter_changes(tokenizer)
+    rng = np.random.default_rng(seed)
 
     if prompt is None:
         prompt = np.array([tokenizer.bos_id], dtype=np.int64)
@@ -575,19 +606,17 @@ def sample(model: Performer, tokenizer: REMITokenizer, config: GenerationConfig 
             logits = decoder.next_log_probs(tags)
             for b in pieces.going():
                 steer.favour_chord_tones(logits[b], pieces.states[b], pieces.bars_started[b])
-            masked = logits.masked_fill(~torch.from_numpy(masks).to(device), float("-inf"))
-            at_bar = [not pieces.done[b] and st.last == BAR for b, st in enumerate(pieces.states)]
-            at_bar = torch.tensor(at_bar) if any(at_bar) else None
+            masked = np.where(masks, logits, NEG_INF)
+            at_bar = np.array([not pieces.done[b] and st.last == BAR for b, st in enumerate(pieces.states)])
             masked = steer_onsets(masked, pieces.steered_states(), options, onset_ids)
-            probs = torch.softmax(filter_logits(masked, options, at_bar, changes), dim=-1).cpu()
-            nxt = torch.multinomial(probs, 1, generator=gen).squeeze(1)
+            nxt = draw(filter_logits(masked, options, at_bar, changes), rng).tolist()
             for b in pieces.going():
                 if opens_on_meter(pieces.states[b], pieces.from_scratch):
                     nxt[b] = int(masked[b].argmax())
                 if pieces.forced[b] is not None:  # whatever the onset corrections made of its odds
                     nxt[b] = pieces.forced[b]
             n += 1
-            pieces.take(nxt.tolist())
+            pieces.take(nxt)
             if on_token is not None:
                 on_token(n, max(pieces.bars_started))
             if all(pieces.done):
@@ -595,7 +624,7 @@ def sample(model: Performer, tokenizer: REMITokenizer, config: GenerationConfig 
             if should_stop is not None and should_stop():
                 interrupted = True
                 break
-            decoder.feed(nxt.to(device), tags)
+            decoder.feed(torch.from_numpy(np.array(nxt, dtype=np.int64)).to(device), tags)
     except KeyboardInterrupt:
         interrupted = True
     wall = time.perf_counter() - t0
@@ -623,14 +652,14 @@ def stream_bars(model: Performer, tokenizer: REMITokenizer, *, prompt: np.ndarra
     model.eval()
     model.resample(seed)
     device = next(model.parameters()).device
-    gen = torch.Generator(device="cpu").manual_seed(seed)
+    rng = np.random.default_rng(seed)
     prompt = np.asarray([tokenizer.bos_id] if prompt is None else prompt, dtype=np.int64)
     st = GrammarState()
     for t in prompt:
         grammar.advance(st, int(t))
     from_scratch = len(prompt) == 1
-    onset_ids = OnsetTokens.of(tokenizer, device)
-    changes = meter_changes(tokenizer).to(device)
+    onset_ids = OnsetTokens.of(tokenizer)
+    changes = meter_changes(tokenizer)
     decoder = _Decoder(model, tokenizer, torch.from_numpy(prompt[None]).to(device), options,
                        weights_dtype or auto_step_dtype(device, 1))
     bar: list[int] = []
@@ -640,14 +669,12 @@ def stream_bars(model: Performer, tokenizer: REMITokenizer, *, prompt: np.ndarra
             mask[tokenizer.bar_id] = True
         else:
             mask = next_token_mask(grammar, st, trained, from_scratch=from_scratch)
-        masked = decoder.next_log_probs().masked_fill(~torch.from_numpy(mask).to(device), float("-inf"))
+        masked = np.where(mask, decoder.next_log_probs(), NEG_INF)
         if opens_on_meter(st, from_scratch):
             nxt = int(masked[0].argmax())
         else:
             masked = steer_onsets(masked, [st], options, onset_ids)
-            at_bar = torch.tensor([True]) if st.last == BAR else None
-            probs = torch.softmax(filter_logits(masked, options, at_bar, changes), dim=-1).cpu()
-            nxt = int(torch.multinomial(probs, 1, generator=gen)[0, 0])
+            nxt = int(draw(filter_logits(masked, options, np.array([st.last == BAR]), changes), rng)[0])
         if nxt == tokenizer.bar_id and bar:
             yield bar
             bar = []

@@ -124,6 +124,18 @@ def _synthesizer(soundfont: Path, sample_rate: int):
         raise SoundFontError(f"{soundfont}: cannot read the SoundFont ({e})") from None
 
 
+def synthesize(synth, score, soundfont: Path, sample_rate: int):
+    """(synthesizer, stereo float32 audio of shape (2, frames)) for `score`. prestosynth keeps every
+    voice it has rendered, and once it holds many, a render can come out with NaN frames (seen in
+    `play` after a few bars of odd instruments); a fresh synthesizer renders the same notes right,
+    and is handed back to be used from then on."""
+    audio = synth.render(score, True)
+    if not np.isfinite(audio).all():
+        synth = _synthesizer(soundfont, sample_rate)
+        audio = np.nan_to_num(synth.render(score, True), nan=0.0, posinf=0.0, neginf=0.0)
+    return synth, audio
+
+
 def _check_memory(seconds_score, sample_rate: int) -> None:
     """Refuse, before the work, a segment that could not be held: one with a note of hours."""
     longest = max((float(n.duration) for t in seconds_score.tracks for n in t.notes), default=0.0)
@@ -150,7 +162,8 @@ def render_blocks(score, soundfont: Path, sample_rate: int = SAMPLE_RATE):
     for start in range(0, int(np.ceil(float(seconds.end()) * sample_rate)) + 1, step):
         part = seconds.clip(start / sample_rate, (start + step) / sample_rate, clip_end=False)
         if part.note_num():
-            audio = synth.render(part.shift_time(-start / sample_rate), True).T
+            synth, audio = synthesize(synth, part.shift_time(-start / sample_rate), soundfont, sample_rate)
+            audio = audio.T
             if start - at > len(pending):  # silence since the last sound: given out a segment at a time
                 yield from ([pending] if len(pending) else [])
                 for s in range(at + len(pending), start, step):
