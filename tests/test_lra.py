@@ -1,5 +1,6 @@
 """The LRA benchmark's data and models (benchmarks/lra): ListOps labels are the trees' values,
-Pathfinder images are balanced and in range, and every model trains a step and classifies."""
+Pathfinder and Shapes images are balanced and in range, Shapes' classes differ in arrangement and
+not in ink, and every model trains a step and classifies."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks" / "lra"))
 import listops
 import pathfinder
+import shapes
 from models import MODELS, Classifier, loss_and_hits
 
 
@@ -34,6 +36,32 @@ def test_pathfinder_images():
     assert sorted(labels.tolist()) == [0] * 10 + [1] * 10
     img = np.stack(seqs)
     assert img.shape == (20, 1024) and img.min() >= 0 and img.max() == 255
+
+
+def test_pathfinder_images_averaged_down():
+    seqs, _ = pathfinder.generate(4, seed=0, size=16)
+    assert np.stack(seqs).shape == (4, 256)
+    with pytest.raises(ValueError, match="must divide"):
+        pathfinder.generate(4, seed=0, size=24)
+
+
+def test_shapes_differ_in_arrangement_not_in_ink():
+    seqs, labels = shapes.generate(400, seed=0)
+    assert np.bincount(labels).tolist() == [50] * shapes.CLASSES
+    images = np.stack(seqs).reshape(-1, shapes.SIZE, shapes.SIZE).astype(float)
+    ink = (images - np.median(images, axis=(1, 2), keepdims=True)).clip(0).sum((1, 2))
+    per_class = np.array([ink[labels == c].mean() for c in range(shapes.CLASSES)])
+    assert per_class.max() / per_class.min() < 1.1  # the same length of line in every class
+
+    def spread(image: np.ndarray) -> tuple[float, float]:
+        """How far the bright pixels spread down the rows and across the columns."""
+        rows, cols = np.nonzero(image > image.max() / 2)
+        return rows.std(), cols.std()
+
+    for image, label in zip(images, labels):
+        if label in (0, 1):  # a horizontal line spreads across, a vertical one down
+            down, across = spread(image)
+            assert (across > down) == (label == 0)
 
 
 @pytest.mark.parametrize("kind", MODELS)

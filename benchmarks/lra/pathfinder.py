@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-SIZE, SUPER = 32, 8
+SIZE, SUPER = 32, 8          # LRA's Pathfinder-32; the lengths below are in its pixels
 CLASSES = 2
 VOCAB_SIZE = 256
 CONTOUR_DASHES = 6          # dashes per snake
@@ -26,7 +26,7 @@ MARKER_RADIUS = 1.5
 
 
 def _segment(canvas: np.ndarray, a: np.ndarray, b: np.ndarray, width: float = 0.5) -> None:
-    """Draw the segment a-b (pixel coordinates) into the supersampled canvas."""
+    """Draw the segment a-b (Pathfinder-32 pixel coordinates) into the supersampled canvas."""
     n = int(np.ceil(np.linalg.norm(b - a) * SUPER * 2)) + 1
     pts = (a[None] + (b - a)[None] * np.linspace(0, 1, n)[:, None]) * SUPER
     r = max(1, int(round(width * SUPER / 2)))
@@ -58,8 +58,9 @@ def _snake(rng: np.random.Generator, canvas: np.ndarray) -> tuple[np.ndarray, np
     return start, dashes[-1][1]
 
 
-def image(rng: np.random.Generator, label: int) -> np.ndarray:
-    """One (SIZE, SIZE) uint8 image whose markers are joined by a snake iff label == 1."""
+def image(rng: np.random.Generator, label: int, size: int = SIZE) -> np.ndarray:
+    """One (size, size) uint8 image whose markers are joined by a snake iff label == 1: the
+    Pathfinder-32 picture, averaged down to `size` pixels a side when smaller."""
     while True:
         canvas = np.zeros((SIZE * SUPER, SIZE * SUPER), dtype=np.float32)
         ends = [_snake(rng, canvas) for _ in range(2)]
@@ -75,12 +76,15 @@ def image(rng: np.random.Generator, label: int) -> np.ndarray:
             _segment(canvas, p, np.clip(p + DASH * np.array([np.sin(ang), np.cos(ang)]), 0, SIZE - 1))
         for m in markers:
             _disc(canvas, m, MARKER_RADIUS)
-        small = canvas.reshape(SIZE, SUPER, SIZE, SUPER).mean((1, 3))
+        f = SIZE * SUPER // size
+        small = canvas.reshape(size, f, size, f).mean((1, 3))
         return np.round(small * 255).astype(np.uint8)
 
 
-def generate(n: int, seed: int) -> tuple[list[np.ndarray], np.ndarray]:
-    """n images flattened to 1,024 pixel tokens, half of them positive: (token ids, labels)."""
+def generate(n: int, seed: int, size: int = SIZE) -> tuple[list[np.ndarray], np.ndarray]:
+    """n images flattened to size² pixel tokens, half of them positive: (token ids, labels)."""
+    if SIZE * SUPER % size:
+        raise ValueError(f"image size {size}: must divide {SIZE * SUPER}")
     rng = np.random.default_rng(seed)
     labels = rng.permutation(np.arange(n) % 2)
-    return [image(rng, int(y)).reshape(-1).astype(np.int16) for y in labels], labels.astype(np.int64)
+    return [image(rng, int(y), size).reshape(-1).astype(np.int16) for y in labels], labels.astype(np.int64)

@@ -17,6 +17,7 @@ import json
 import math
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -26,17 +27,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import listops
 import pathfinder
+import shapes
 from models import MODELS, Classifier, loss_and_hits
 
 from spemusic.errors import SpemusicError
 
 from _errors import run_script
 
-TASKS = {"listops": listops, "pathfinder": pathfinder}
-VOCAB = {"listops": len(listops.VOCAB), "pathfinder": pathfinder.VOCAB_SIZE}
+TASKS = {"listops": listops, "shapes": shapes, "pathfinder": pathfinder}
+IMAGES = ("shapes", "pathfinder")
+VOCAB = {"listops": len(listops.VOCAB), "shapes": shapes.VOCAB_SIZE, "pathfinder": pathfinder.VOCAB_SIZE}
 CPU_LENGTHS = (100, 500)  # ListOps at CPU scale (docs/lra.md says why)
-POOL = {"listops": "cls", "pathfinder": "mean"}  # as LRA's configs pool
-MAX_LEN = {"listops": listops.MAX_LENGTH, "pathfinder": pathfinder.SIZE ** 2}
+POOL = {"listops": "cls", "shapes": "cls", "pathfinder": "mean"}  # as the LRA configs (ListOps, Image, Pathfinder) pool
 PAD_TO = 256
 CACHE = Path.home() / ".cache" / "spemusic" / "lra"
 
@@ -45,23 +47,31 @@ CACHE = Path.home() / ".cache" / "spemusic" / "lra"
 # results.json, mean of its seeds), made before LRA's ListOps bracket fix and so on bracket-less
 # inputs, with 6-layer (ListOps) models of d_model 512 and 256 FAVOR+ features.
 PUBLISHED = {
+    "shapes": {"softmax": ("LRA Transformer, Image", 42.44), "favor-ape": ("LRA Performer, Image", 42.77),
+               "favor-sinespe-gated": ("SPE code, Performer + sineSPE, CIFAR-10", 41.11),
+               "favor-convspe-gated": ("SPE code, Performer + convSPE, CIFAR-10, 1 run", 40.06)},
     "listops": {"softmax": ("LRA Transformer", 36.37), "favor-ape": ("LRA Performer", 18.01),
                 "favor-sinespe-gated": ("SPE code, Performer + sineSPE (gated)", 17.43)},
     "pathfinder": {"softmax": ("LRA Transformer", 71.40), "favor-ape": ("LRA Performer", 77.05)},
 }
 
 
-def dataset(task: str, n: int, seed: int, lengths: tuple[int, int] | None = None) -> listops.Examples:
+def dataset(task: str, n: int, seed: int, lengths: tuple[int, int] | None = None,
+            size: int | None = None) -> listops.Examples:
     """n examples of `task` (generated once, then read from the cache); ListOps: `lengths` (min,
-    max; None: LRA's)."""
+    max; None: LRA's); the image tasks: the image `size` (None: the task's own)."""
     own_lengths = lengths not in (None, (listops.MIN_LENGTH, listops.MAX_LENGTH))  # LRA's keep the plain name
-    path = CACHE / f"{task}-{n}-{seed}{f'-{lengths[0]}-{lengths[1]}' if own_lengths else ''}.npz"
+    size = size or getattr(TASKS[task], "SIZE", None)
+    suffix = (f"-{lengths[0]}-{lengths[1]}" if own_lengths
+              else f"-{size}px" if task in IMAGES and size != TASKS[task].SIZE else "")
+    path = CACHE / f"{task}-{n}-{seed}{suffix}.npz"
     if path.is_file():
         with np.load(path, allow_pickle=False) as d:  # each d[key] reads the array anew: read once
             tokens, offsets, labels = d["tokens"], d["offsets"], d["labels"]
         return np.split(tokens, offsets[1:-1]), labels
     t0 = time.perf_counter()
-    seqs, labels = listops.generate(n, seed, lengths) if own_lengths else TASKS[task].generate(n, seed)
+    seqs, labels = (listops.generate(n, seed, lengths) if own_lengths else TASKS[task].generate(n, seed, size)
+                    if task in IMAGES else listops.generate(n, seed))
     CACHE.mkdir(parents=True, exist_ok=True)
     offsets = np.cumsum([0] + [len(s) for s in seqs])
     tmp = path.with_suffix(".tmp.npz")
@@ -74,13 +84,17 @@ def dataset(task: str, n: int, seed: int, lengths: tuple[int, int] | None = None
 def batches(seqs, labels, batch_size: int, rng: np.random.Generator | None, cls: bool = False):
     """Batches of similar lengths (less padding), in random order when rng is given; `cls`: the
     model puts a CLS token before each."""
-    order = np.argsort([len(s) for s in seqs], kind="stable")
+    lengths = [len(s) for s in seqs]
+    order = np.argsort(lengths, kind="stable")
+    one_length = min(lengths) == max(lengths)  # images
     groups = [order[i: i + batch_size] for i in range(0, len(order), batch_size)]
     if rng is not None:
         groups = [groups[i] for i in rng.permutation(len(groups))]
     for g in groups:
-        # few shapes for SPE's compiled kernels: a multiple of PAD_TO, the CLS token included
-        T = -(-(max(len(seqs[i]) for i in g) + cls) // PAD_TO) * PAD_TO - cls
+        # ListOps' many lengths: few shapes for SPE's compiled kernels, a multiple of PAD_TO with
+        # the CLS token
+        longest = max(lengths[i] for i in g)
+        T = longest if one_length else -(-(longest + cls) // PAD_TO) * PAD_TO - cls
         ids = torch.zeros(len(g), T, dtype=torch.long)
         mask = torch.zeros(len(g), T, dtype=torch.bool)
         for j, i in enumerate(g):
@@ -91,8 +105,8 @@ def batches(seqs, labels, batch_size: int, rng: np.random.Generator | None, cls:
 
 def train_one(task: str, kind: str, seed: int, train, test, args) -> dict:
     torch.manual_seed(seed)
-    max_len = args.lengths[1] if task == "listops" else MAX_LEN[task]
-    model = Classifier(kind, VOCAB[task], TASKS[task].CLASSES, -(-max_len // PAD_TO) * PAD_TO, POOL[task])
+    max_len = -(-args.lengths[1] // PAD_TO) * PAD_TO if task == "listops" else args.size ** 2
+    model = Classifier(kind, VOCAB[task], TASKS[task].CLASSES, max_len, POOL[task])
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
     warmup = max(1, args.steps // 10)
     sched = torch.optim.lr_scheduler.LambdaLR(
@@ -121,40 +135,61 @@ def train_one(task: str, kind: str, seed: int, train, test, args) -> dict:
             "train_loss_end": float(np.mean(losses[-20:])), "seconds": time.perf_counter() - t0}
 
 
+_WORKER: dict = {}
+
+
+def _worker_init(args, lengths) -> None:
+    """A worker process: its threads, and the task's data read from the cache once."""
+    torch.set_num_threads(args.threads)
+    _WORKER.update(args=args, train=dataset(args.task, args.train_size, 1, lengths, args.size),
+                   test=dataset(args.task, args.test_size, 2, lengths, args.size))
+
+
+def _run(job: tuple[str, int]) -> dict:
+    kind, seed = job
+    return train_one(_WORKER["args"].task, kind, seed, _WORKER["train"], _WORKER["test"], _WORKER["args"])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--task", choices=tuple(TASKS), default="listops")
     ap.add_argument("--models", nargs="*", choices=MODELS, default=list(MODELS))
     ap.add_argument("--seeds", type=int, default=3)
-    ap.add_argument("--steps", type=int, default=1000)
+    ap.add_argument("--steps", type=int, default=None, help="[default: shapes 1500, the others 1000]")
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--lr", type=float, default=1e-3)
-    ap.add_argument("--train-size", type=int, default=12_000)
+    ap.add_argument("--train-size", type=int, default=None, help="[default: shapes 16,000, the others 12,000]")
     ap.add_argument("--test-size", type=int, default=1_000)
     ap.add_argument("--lengths", type=int, nargs=2, metavar=("MIN", "MAX"),
                     default=CPU_LENGTHS, help="ListOps: tree lengths kept, in tokens [default: 100 500; "
                     "LRA's: 500 2000, where no model here leaves chance in 600 steps]")
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--size", type=int, default=None,
+                    help="image tasks: image side in pixels [default: shapes 16, pathfinder 32]")
+    ap.add_argument("--threads", type=int, default=1, help="threads per run [default: 1]")
+    ap.add_argument("--jobs", type=int, default=1, help="runs at once, each in its own process [default: 1]")
     ap.add_argument("--out", default=None, help="JSON of every run [default: benchmarks/results/lra_TASK.json]")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     if args.task == "listops" and not 1 <= args.lengths[0] < args.lengths[1]:
         raise SpemusicError(f"--lengths {args.lengths[0]} {args.lengths[1]}: give MIN < MAX, both positive")
     lengths = tuple(args.lengths) if args.task == "listops" else None
-    train = dataset(args.task, args.train_size, 1, lengths)
-    test = dataset(args.task, args.test_size, 2, lengths)
+    args.size = args.size or getattr(TASKS[args.task], "SIZE", None)
+    args.steps = args.steps or (1500 if args.task == "shapes" else 1000)
+    args.train_size = args.train_size or (16_000 if args.task == "shapes" else 12_000)
+    train = dataset(args.task, args.train_size, 1, lengths, args.size)
+    test = dataset(args.task, args.test_size, 2, lengths, args.size)
     majority = 100 * np.bincount(test[1]).max() / len(test[1])
     baselines = f"majority class {majority:.1f}%"
     if args.task == "listops":
         baselines += f", the first token alone {listops.first_token_accuracy(train, test):.1f}%"
     print(f"{args.task}: {args.train_size:,} train / {args.test_size:,} test examples, {args.steps} steps of "
           f"{args.batch_size}, {len(args.models)} models x {args.seeds} seeds; {baselines}")
+    jobs = [(kind, seed) for kind in args.models for seed in range(args.seeds)]
     runs = []
-    for kind in args.models:
-        for seed in range(args.seeds):
-            r = train_one(args.task, kind, seed, train, test, args)
+    with ProcessPoolExecutor(args.jobs, initializer=_worker_init, initargs=(args, lengths)) as pool:
+        for r in pool.map(_run, jobs):  # in the jobs' order, as each is done
             runs.append(r)
-            print(f"  {kind:<22} seed {seed}: {r['accuracy']:5.1f}%  (train loss {r['train_loss_end']:.3f}, "
+            print(f"  {r['model']:<22} seed {r['seed']}: {r['accuracy']:5.1f}%  (train loss {r['train_loss_end']:.3f}, "
                   f"{r['seconds']:.0f} s)", flush=True)
     print(f"\n{'model':<22}{'accuracy %':>16}   published (other setup: see below)")
     for kind in args.models:
@@ -165,9 +200,10 @@ def main() -> None:
     print(f"\nhere: {len(MODELS and args.models)} models of 2 layers, d_model 64, 4 heads, 64 FAVOR+ features, SPE "
           f"R = 32 (10 sines; convSPE 128 taps), {args.steps} steps of {args.batch_size}, "
           f"{args.train_size:,} generated examples, lengths up to "
-          f"{args.lengths[1] if args.task == 'listops' else MAX_LEN[args.task]}; "
+          f"{args.lengths[1] if args.task == 'listops' else args.size ** 2}; "
           "published: LRA's models (ListOps 6 layers, d_model 512; Pathfinder-32 1 layer, d_model 32) "
-          "trained 10k+ steps on 96k (ListOps) / 160k (Pathfinder) examples")
+          "trained 10k+ steps on 96k (ListOps) / 160k (Pathfinder) examples; Image: 32x32 CIFAR-10 photographs "
+          "(10 classes, 45k), the SPE code's models 1 layer, d_model 128, 200 epochs")
     out = Path(args.out or f"benchmarks/results/lra_{args.task}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"settings": vars(args), "majority": majority, "runs": runs}, indent=2))
