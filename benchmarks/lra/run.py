@@ -174,6 +174,9 @@ def main() -> None:
         raise SpemusicError(f"--lengths {args.lengths[0]} {args.lengths[1]}: give MIN < MAX, both positive")
     lengths = tuple(args.lengths) if args.task == "listops" else None
     args.size = args.size or getattr(TASKS[args.task], "SIZE", None)
+    if args.task in IMAGES and not (8 <= args.size and pathfinder.SIZE * pathfinder.SUPER % args.size == 0):
+        raise SpemusicError(f"--size {args.size}: give an image side of at least 8 that divides "
+                            f"{pathfinder.SIZE * pathfinder.SUPER} (8, 16, 32, ...)")
     args.steps = args.steps or (1500 if args.task == "shapes" else 1000)
     args.train_size = args.train_size or (16_000 if args.task == "shapes" else 12_000)
     train = dataset(args.task, args.train_size, 1, lengths, args.size)
