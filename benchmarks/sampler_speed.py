@@ -35,8 +35,7 @@ def measure(batch: int, tokens: int, seed: int) -> float:
     options = SamplingOptions.for_model("pop-piano")
     piece = sampling.sample(model, tok, length=64, seed=0, options=options).ids[0][:64]
     with torch.inference_mode():
-        logits = model(torch.from_numpy(piece[None]))
-    logits = (logits[0] if isinstance(logits, tuple) else logits)[0].float()
+        logits = model(torch.from_numpy(piece[None]))[0].float()  # (64, V)
 
     class Stub:
         """The step: the next of the recorded positions' logits, for every piece of the batch."""

@@ -56,22 +56,22 @@ PUBLISHED = {
 }
 
 
-def dataset(task: str, n: int, seed: int, lengths: tuple[int, int] | None = None,
+def dataset(task: str, n: int, seed: int, lengths: tuple[int, int] = (listops.MIN_LENGTH, listops.MAX_LENGTH),
             size: int | None = None) -> listops.Examples:
     """n examples of `task` (generated once, then read from the cache); ListOps: `lengths` (min,
-    max; None: LRA's); the image tasks: the image `size` (None: the task's own)."""
-    own_lengths = lengths not in (None, (listops.MIN_LENGTH, listops.MAX_LENGTH))  # LRA's keep the plain name
-    size = size or getattr(TASKS[task], "SIZE", None)
-    suffix = (f"-{lengths[0]}-{lengths[1]}" if own_lengths
-              else f"-{size}px" if task in IMAGES and size != TASKS[task].SIZE else "")
+    max); the image tasks: the image `size` (None: the task's own). LRA's keep the plain name."""
+    if task in IMAGES:
+        size = size or TASKS[task].SIZE
+        suffix = f"-{size}px" if size != TASKS[task].SIZE else ""
+    else:
+        suffix = f"-{lengths[0]}-{lengths[1]}" if tuple(lengths) != (listops.MIN_LENGTH, listops.MAX_LENGTH) else ""
     path = CACHE / f"{task}-{n}-{seed}{suffix}.npz"
     if path.is_file():
         with np.load(path, allow_pickle=False) as d:  # each d[key] reads the array anew: read once
             tokens, offsets, labels = d["tokens"], d["offsets"], d["labels"]
         return np.split(tokens, offsets[1:-1]), labels
     t0 = time.perf_counter()
-    seqs, labels = (listops.generate(n, seed, lengths) if own_lengths else TASKS[task].generate(n, seed, size)
-                    if task in IMAGES else listops.generate(n, seed))
+    seqs, labels = TASKS[task].generate(n, seed, size) if task in IMAGES else listops.generate(n, seed, lengths)
     CACHE.mkdir(parents=True, exist_ok=True)
     offsets = np.cumsum([0] + [len(s) for s in seqs])
     tmp = path.with_suffix(".tmp.npz")
@@ -172,7 +172,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     if args.task == "listops" and not 1 <= args.lengths[0] < args.lengths[1]:
         raise SpemusicError(f"--lengths {args.lengths[0]} {args.lengths[1]}: give MIN < MAX, both positive")
-    lengths = tuple(args.lengths) if args.task == "listops" else None
+    lengths = tuple(args.lengths)  # (ListOps only)
     args.size = args.size or getattr(TASKS[args.task], "SIZE", None)
     if args.task in IMAGES and not (8 <= args.size and pathfinder.SIZE * pathfinder.SUPER % args.size == 0):
         raise SpemusicError(f"--size {args.size}: give an image side of at least 8 that divides "

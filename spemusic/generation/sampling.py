@@ -26,7 +26,8 @@ NEG_INF = np.float32(-np.inf)
 
 
 def log_sum_exp(x: np.ndarray) -> np.ndarray:
-    """log Σ exp over the last axis, kept as a column (-inf where a row is all -inf)."""
+    """log Σ exp over the last axis, kept as a column (-inf where a row is all -inf). (scipy's
+    logsumexp, not a dependency, costs ten times this a call on a row of logits.)"""
     top = x.max(-1, keepdims=True)
     top = np.where(top > NEG_INF, top, 0)
     total = np.exp(x - top).sum(-1, keepdims=True)
@@ -338,12 +339,9 @@ def trim_far_onsets(logits: np.ndarray, states: list[GrammarState], p: float, on
     the Position tokens and the bar line), their total probability kept: whether another note
     comes at this onset stays the model's choice; only the far onsets of the tail, each unlikely
     but many together, are cut (they left holes of a beat or more: benchmarks/silence_sources.py)."""
-    rows = np.array([b for b, st in enumerate(states) if st.last == NOTE_END], dtype=np.intp)
-    if p >= 1.0 or not len(rows):
+    if p >= 1.0:
         return logits
-    sub = logits[rows][:, onsets]
-    some = np.isfinite(sub).any(-1)
-    rows, sub = rows[some], sub[some]
+    rows, sub = _onset_rows(logits, [b for b, st in enumerate(states) if st.last == NOTE_END], onsets)
     if not len(rows):
         return logits
     drop = outside_nucleus(sub, p)
@@ -351,6 +349,15 @@ def trim_far_onsets(logits: np.ndarray, states: list[GrammarState], p: float, on
     out = logits.copy()
     out[rows[:, None], onsets] = np.where(drop, NEG_INF, sub - np.log(kept_mass))
     return out
+
+
+def _onset_rows(logits: np.ndarray, rows: list[int], onsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The rows (of those given) where some onset is allowed, and their onset logits: a row whose
+    onsets are all masked has nothing for the onset corrections to move."""
+    rows = np.array(rows, dtype=np.intp)
+    sub = logits[rows][:, onsets]
+    some = np.isfinite(sub).any(-1)
+    return rows[some], sub[some]
 
 
 # the silence an onset may leave unpenalised, in beats: real songs rest that briefly between notes
@@ -369,14 +376,13 @@ def discourage_holes(logits: np.ndarray, states: list[GrammarState], penalty: fl
     Melody first, a bar's first onset is chosen before the model says whether the melody or
     another part plays there: the melody may enter late (the other parts fill the bar after it),
     so no penalty applies there, and a bar without melody may open on a late accompaniment onset."""
-    rows = [b for b, st in enumerate(states)  # (melody_first: in the bar's other parts alone, after its melody)
-            if st.sounding is not None and not st.in_melody and st.last in (NOTE_END, CHORD, BAR, TIMESIG)]
-    if penalty <= 0 or not rows:
+    if penalty <= 0:
         return logits
-    rows = np.array(rows, dtype=np.intp)
-    sub = logits[rows][:, onsets]
-    some = np.isfinite(sub).any(-1)  # (a row whose onsets are all masked has nothing to move)
-    rows, sub = rows[some], sub[some]
+    rows, sub = _onset_rows(logits, [b for b, st in enumerate(states)  # (melody_first: in the bar's other
+                                     if st.sounding is not None and not st.in_melody  # parts alone, after its melody)
+                                     and st.last in (NOTE_END, CHORD, BAR, TIMESIG)], onsets)
+    if not len(rows):
+        return logits
     at = np.tile(np.arange(len(onsets), dtype=np.float32), (len(rows), 1))
     at[:, -1] = [states[b].bar_len for b in rows]  # the bar line: at the bar's end at best
     sounding = np.array([[states[b].sounding] for b in rows], dtype=np.float32)
