@@ -76,6 +76,7 @@ class TrainConfig:
     melody_first: bool = False   # with parts: each bar's melody before the other parts (a fine-tune may switch to it)
     chord_every_bar: bool = False  # with chords and melody_first: each bar's other parts open on its chord
     drum_grid: bool = False      # drum hits on their nearest sixteenth or eighth-note triplet
+    repeats: bool = False        # with melody_first: each sweep of a bar opens on a Repeat mark (a fine-tune may add them)
     lead_sheet: float = 0.0      # with parts: share of windows whose first bars keep only the melody and the chords
     piece_starts: float = 0.1    # share of windows that open at a piece's start (BOS), as generation from scratch does
     kit_swaps: float = 0.0       # drums: share of windows played on another part of the kit (hats on the ride,
@@ -202,9 +203,11 @@ def recorded_sampling(value, source: str) -> dict | None:
     return {k: float(v) for k, v in value.items()}
 
 
-def check_layout(parts: bool, melody_first: bool, chords: bool, chord_every_bar: bool) -> None:
+def check_layout(parts: bool, melody_first: bool, chords: bool, chord_every_bar: bool, repeats: bool = False) -> None:
     """The token layouts a new tokenizer may be asked for, as an error that names the options."""
     if melody_first and not parts:
         raise OptionError("{melody_first} needs {parts}")
+    if repeats and not melody_first:
+        raise OptionError("{repeats} needs {melody_first}")
     if chord_every_bar and not (melody_first and chords):
         raise OptionError("{chord_every_bar} needs {melody_first} and {chords}")

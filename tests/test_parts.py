@@ -11,11 +11,13 @@ from miditoolkit import Instrument, MidiFile, Note, TempoChange, TimeSignature
 
 from spemusic.errors import ConfigError
 from spemusic.tokens.grammar import REMIGrammar
-from spemusic.tokens.tokenizer import REMITokenizer, TokenizerConfig
+from spemusic.tokens.tokenizer import CHORD, REPEAT, REMITokenizer, TokenizerConfig
 
 PARTS_TOK = REMITokenizer(TokenizerConfig(chords=True, parts=True))
 MELODY_FIRST_TOK = REMITokenizer(TokenizerConfig(chords=True, parts=True, melody_first=True))
 BAR_CHORDS_TOK = REMITokenizer(TokenizerConfig(chords=True, parts=True, melody_first=True, chord_every_bar=True))
+REPEATS_TOK = REMITokenizer(TokenizerConfig(chords=True, parts=True, melody_first=True, chord_every_bar=True,
+                                            repeats=True))
 
 
 def write_tracks(path, tracks, ticks_per_beat=480):
@@ -37,10 +39,11 @@ MELODY = [(72, 0, 1, 90), (74, 1, 1, 90), (76, 2, 2, 95), (77, 4, 1.5, 90), (76,
 
 
 @pytest.mark.parametrize("song", ["001", "123", "456", "809"])
-@pytest.mark.parametrize("order", ["time", "melody_first", "chord_every_bar"])
+@pytest.mark.parametrize("order", ["time", "melody_first", "chord_every_bar", "repeats"])
 def test_pop909_parts_round_trip(shared_data, song, order):
     d = shared_data / "pop909"
-    PARTS_TOK = {"time": globals()["PARTS_TOK"], "melody_first": MELODY_FIRST_TOK, "chord_every_bar": BAR_CHORDS_TOK}[order]
+    PARTS_TOK = {"time": globals()["PARTS_TOK"], "melody_first": MELODY_FIRST_TOK, "chord_every_bar": BAR_CHORDS_TOK,
+                 "repeats": REPEATS_TOK}[order]
     ids = PARTS_TOK.encode(d / f"{song}.mid", beats=d / "beats" / f"{song}.txt", chords=d / "chords" / f"{song}.txt")
     assert REMIGrammar(PARTS_TOK).is_valid(ids)
     score = PARTS_TOK.decode_to_score(ids, overlaps="layers")
@@ -284,12 +287,12 @@ def test_accompany_on_beats_writes_the_annotated_bars(tmp_path):
     assert [(n.start, n.pitch) for n in midi.instruments[0].notes] == [(int(s * 480), p) for p, s, _, _ in MELODY]
 
 
-@pytest.mark.parametrize("order", ["time", "melody_first"])
+@pytest.mark.parametrize("order", ["time", "melody_first", "repeats"])
 def test_lead_sheet_keeps_the_melody_and_the_chords(shared_data, order):
     from spemusic.tokens.tokenizer import CHORD, PROGRAM
     from spemusic.training.data import lead_sheet
 
-    tok = {"time": PARTS_TOK, "melody_first": MELODY_FIRST_TOK}[order]
+    tok = {"time": PARTS_TOK, "melody_first": MELODY_FIRST_TOK, "repeats": REPEATS_TOK}[order]
     d = shared_data / "pop909"
     ids = tok.encode(d / "001.mid", beats=d / "beats" / "001.txt", chords=d / "chords" / "001.txt").astype(np.int64)
     bar_at = np.flatnonzero(ids == tok.bar_id)
@@ -305,6 +308,10 @@ def test_lead_sheet_keeps_the_melody_and_the_chords(shared_data, order):
     assert len(programs) == np.count_nonzero(original == tok.part_id("melody"))
     chords = lambda seq: seq[tok.kinds[seq] == CHORD].tolist()  # noqa: E731
     assert chords(head) == chords(original) and chords(head)  # every chord change is kept
+    if order == "repeats":  # the melody's marks as they were; the other parts', nothing left to repeat
+        marks = lambda seq: seq[tok.kinds[seq] == REPEAT].tolist()  # noqa: E731
+        assert marks(head)[0::2] == marks(original)[0::2] and any(marks(original)[1::2])
+        assert set(marks(head)[1::2]) == {tok.range("Repeat")[0]}
 
 
 def test_lead_sheet_option_needs_parts(shared_data, tmp_path):
@@ -364,3 +371,67 @@ def test_layout_flags_without_what_they_need_are_one_line_errors(run_cli, tmp_pa
     code, _, err = run_cli("train", examples, "-o", tmp_path / "run", "--chord-every-bar", "--steps", "1")
     assert code != 0 and "--chord-every-bar needs --melody-first and --chords" in err
     assert not (tmp_path / "run").exists()
+
+
+# Repeat marks (spemusic.tokens.repeats): a phrase of four bars played twice, its piano the same
+# but in the sixth bar
+PHRASE_PITCHES = (60, 62, 65, 67)
+TWICE = [(p + step, 4 * (b + 4 * again) + beat, 1, 90) for again in (0, 1)
+         for b, p in enumerate(PHRASE_PITCHES) for beat, step in ((0, 12), (1, 14), (2, 16))]
+PIANO_TWICE = [(p + (1 if b == 5 else 0), 4 * b, 4, 60) for b in range(8) for p in (36 + PHRASE_PITCHES[b % 4],)]
+
+
+def test_repeat_marks_name_the_bar_each_part_repeats(tmp_path):
+    """Each bar opens its melody on the mark of the bar it repeats (4 back for the second time
+    through the phrase), and its other parts on theirs (none in the sixth bar, whose piano
+    changed); the marks come from the notes, so decoding drops them and encoding brings them back."""
+    path = write_tracks(tmp_path / "twice.mid", [("MELODY", 0, TWICE), ("PIANO", 0, PIANO_TWICE)])
+    ids = REPEATS_TOK.encode(path)
+    names = REPEATS_TOK.ids_to_tokens(ids)
+    marks = [int(n.removeprefix("Repeat_")) for n in names if n.startswith("Repeat_")]
+    assert marks[0::2] == [0, 0, 0, 0, 4, 4, 4, 4] and marks[1::2] == [0, 0, 0, 0, 4, 0, 4, 4]
+    bar = names.index("Bar", names.index("Bar") + 1)  # the second bar: Bar, its mark, its melody, its mark, the rest
+    assert names[bar:bar + 3] == ["Bar", "Repeat_0", "Position_0"] and names[bar + 2 + 3 * 5] == "Repeat_0"
+    grammar = REMIGrammar(REPEATS_TOK)
+    assert grammar.is_valid(ids)
+    assert grammar.first_violation(np.delete(ids, bar + 1)) == bar + 1  # a bar without its mark is not the language
+    score = REPEATS_TOK.decode_to_score(ids)
+    assert notes_by_track(score) == notes_by_track(BAR_CHORDS_TOK.decode_to_score(BAR_CHORDS_TOK.encode(path)))
+    assert np.array_equal(REPEATS_TOK.encode(score), ids)
+    assert REPEATS_TOK.vocab[-5:] == [f"Repeat_{lag}" for lag in (0, 1, 2, 4, 8)]
+    assert len(REPEATS_TOK) == len(BAR_CHORDS_TOK) + 5  # the other tokens keep their ids
+    with pytest.raises(ConfigError, match="repeats needs melody_first"):
+        TokenizerConfig(parts=True, repeats=True)
+
+
+def _tiny_marked_model():
+    """A random tiny model over REPEATS_TOK with the bar echo, the echo head and the marks."""
+    import torch
+
+    from spemusic.nn.model import ModelConfig, Performer
+    from spemusic.training.train import bar_echo_config, echo_head_config, repeat_marks_config
+
+    torch.manual_seed(0)
+    cfg = ModelConfig.preset("tiny", vocab_size=len(REPEATS_TOK), **bar_echo_config(REPEATS_TOK, 4),
+                             **echo_head_config(True), repeat_marks=repeat_marks_config(REPEATS_TOK))
+    return Performer(cfg).eval()
+
+
+def test_pieces_with_repeat_marks_follow_the_grammar_and_accompany_holds_the_melody_and_its_marks(tmp_path):
+    from spemusic.generation.accompany import hold_melody, load_melody
+    from spemusic.generation.sampling import SamplingOptions, sample
+
+    model, tok, grammar = _tiny_marked_model(), REPEATS_TOK, REMIGrammar(REPEATS_TOK)
+    opts = SamplingOptions(bar_top_p=0.8, onset_top_p=0.9, hole_penalty=4.0, stacking=0.8)
+    for ids in sample(model, tok, num=2, bars=3, seed=1, options=opts).ids:
+        assert grammar.is_valid(ids) and np.count_nonzero(ids == tok.bar_id) == 3
+        assert np.count_nonzero(tok.kinds[ids] == REPEAT) == 6
+    melody = load_melody(write_tracks(tmp_path / "tune.mid", [("Lead", 0, TWICE)]), tok)
+    held_marks = [t for t in melody.ids[tok.kinds[melody.ids] == REPEAT]][0::2]
+    for chords in (None, ["A:min", "F:maj"]):
+        for ids in sample(model, tok, num=2, bars=8, seed=2, options=opts, held=hold_melody(melody.ids, tok),
+                          chords=chords, chord_strength=1.0).ids:
+            assert grammar.is_valid(ids) and melody_notes(ids, tok) == melody_notes(melody.ids, tok)
+            assert [t for t in ids[tok.kinds[ids] == REPEAT]][0::2] == held_marks  # the melody's marks, as held
+            if chords:
+                assert [tok.vocab[t] for t in ids if tok.kinds[t] == CHORD][:2] == ["Chord_A:min", "Chord_F:maj"]

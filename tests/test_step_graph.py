@@ -137,3 +137,41 @@ def test_the_step_runs_uncompiled_where_compiling_is_off_or_fails(song, step_cac
     with pytest.warns(UserWarning, match=r"compiling the step failed \(RuntimeError: no compiler here\)"):
         assert StepGraph.of(m, m.init_state(1)) is None
     assert "no compiler here" in StepGraph.unavailable()
+
+
+def test_repeat_marks_read_the_same_in_the_compiled_step_the_eager_step_and_the_parallel_pass(shared_data, step_cache):
+    """A real song with Repeat marks (spemusic.tokens.repeats): the echo of a marked sweep is its
+    lag's and the echo head scores that lag from its second table, on every path alike; at zero
+    the second table was a copy of the first, so `widened` adds the marks without a change."""
+    from spemusic.nn.recall import ECHO_CONTEXT, echo_features, echo_places, mark_in_force
+    from spemusic.tokens.tokenizer import REMITokenizer, TokenizerConfig
+    from spemusic.training.train import repeat_marks_config, widened
+
+    tok = REMITokenizer(TokenizerConfig(chords=True, parts=True, melody_first=True, chord_every_bar=True,
+                                        repeats=True))
+    d = shared_data / "pop909"
+    ids = torch.from_numpy(tok.encode(d / "003.mid", beats=d / "beats" / "003.txt",
+                                      chords=d / "chords" / "003.txt")[:2400]).long()[None]
+    base = _model(tok)
+    m = widened(base, replace(base.cfg, repeat_marks=repeat_marks_config(tok))).eval()
+    base.resample(5), m.resample(5)
+    marks = tuple(tuple(x) for x in m.cfg.repeat_marks)
+    lag = mark_in_force(ids, echo_places(ids, tok.bar_id, tok.range("Position"))["last_bar"], marks)
+    assert set(lag.unique().tolist()) >= {0, 4}  # the song repeats itself, and the marks say so
+    lo, hi = tok.range("Position")
+    echo, _, _ = echo_features(ids, None, tok.bar_id, (lo, hi), len(tok), 4, (1, 2, 4, 8), 16, marks)
+    unmarked, _, _ = echo_features(ids, None, tok.bar_id, (lo, hi), len(tok), 4, (1, 2, 4, 8), 16)
+    assert torch.equal(echo[lag == 0], unmarked[lag == 0]) and not torch.equal(echo, unmarked)
+    with torch.no_grad():
+        full = m(ids)
+        m.echo_head.weight[:, 17:].normal_(0.0, 1.0)  # the marked lag's own table
+        marked = m(ids)
+    assert ids.shape[1] > ECHO_CONTEXT and not torch.allclose(full, marked)
+    _, eager_state = m.prime(ids[:, :2100])
+    _, state = m.prime(ids[:, :2100])
+    graph = StepGraph.of(m, state)
+    assert graph is not None, StepGraph.unavailable()
+    compiled = _stepped(graph, state, ids[:, 2100:])
+    eager = _stepped(m.step, eager_state, ids[:, 2100:])
+    assert (compiled - marked[:, 2100:]).abs().max().item() <= 1e-4
+    assert (eager - marked[:, 2100:]).abs().max().item() <= 1e-4

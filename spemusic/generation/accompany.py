@@ -21,7 +21,7 @@ import symusic
 from ..errors import MidiError, OptionError
 from ..files import check_input_file
 from ..tokens.grammar import BAR, NOTE_END, POSITION, TIMESIG, GrammarState, REMIGrammar
-from ..tokens.tokenizer import CHORD, PROGRAM, TEMPO, REMITokenizer, part_of_track, read_midi
+from ..tokens.tokenizer import CHORD, PROGRAM, REPEAT, TEMPO, REMITokenizer, part_of_track, read_midi
 from .prompts import annotated_meters
 
 
@@ -132,7 +132,8 @@ class HeldMelody:
 @dataclass
 class MelodyBlocks:
     """A melody held bar by bar in a melody_first stream: after each Bar, the melody's own bar
-    header (TimeSig, Tempo) and onsets are forced; the model then writes the other parts."""
+    header (TimeSig, Tempo), its Repeat mark and onsets are forced; the model then writes the
+    other parts (after their own mark, with Repeat marks)."""
 
     bars: list[list[int]]                    # per bar, the tokens after its Bar (melody notes and header only)
     tokenizer: REMITokenizer
@@ -165,6 +166,10 @@ class MelodyBlocks:
                 continue
             elif k in (TIMESIG, TEMPO) and not onset:
                 bars[-1].append(t)
+            elif k == REPEAT:  # the melody's mark is held; the other parts' the model writes
+                close_onset()
+                if not any(kinds[x] == REPEAT for x in bars[-1]):
+                    bars[-1].append(t)
             elif k == POSITION:
                 close_onset()
                 onset.append(t)

@@ -17,7 +17,7 @@ from ..errors import MidiError, OptionError
 from ..nn.device import cpu_has_fast_bf16
 from ..nn.model import Performer
 from ..nn.step_graph import StepGraph
-from ..tokens.grammar import BAR, CHORD, NOTE_END, POSITION, PROGRAM, TIMESIG, GrammarState, REMIGrammar
+from ..tokens.grammar import BAR, CHORD, NOTE_END, POSITION, PROGRAM, REPEAT, TIMESIG, GrammarState, REMIGrammar
 from ..tokens.tokenizer import TEMPO, REMITokenizer
 from .cache import ContinuousCache
 from .settings import GenerationConfig, SamplingOptions, check_length_bars
@@ -153,7 +153,7 @@ def next_token_mask(grammar: REMIGrammar, st: GrammarState, trained: np.ndarray 
     piece from scratch (POP909's songs often open on rests, and the models learned it: a piece
     would open on empty bars; docs/measurements.md), nor an empty bar to end a --bars piece
     (`closing`)."""
-    empty_bar = st.pos < 0 and st.last in (BAR, TIMESIG, TEMPO)
+    empty_bar = st.notes == st.notes_at_bar and st.last in (BAR, TIMESIG, TEMPO, REPEAT)
     opening = from_scratch and st.bars == 1 and st.notes == 0
     return within_training(grammar.allowed(st, allow_eos=False, allow_bar=not (opening or (closing and empty_bar))),
                            trained)
@@ -248,14 +248,14 @@ def _force_chord_after_melody(mask: np.ndarray, st: GrammarState, chord: int, gr
     chords = slice(grammar.chord_lo, grammar.chord_hi)
     tok = grammar.tok
     melody_sweep = st.in_melody
-    if not melody_sweep and st.pos < 0 and st.last in (BAR, TIMESIG, TEMPO, NOTE_END):  # (a held melody's bar is done)
+    if not melody_sweep and st.pos < 0 and st.last in (BAR, TIMESIG, TEMPO, NOTE_END, REPEAT):  # (the melody's bar is done)
         mask[tok.bar_id] = mask[tok.eos_id] = False
         mask[grammar.pos_lo + 1: grammar.pos_hi] = False
-    elif melody_sweep and st.last in (BAR, TIMESIG, TEMPO, NOTE_END):
+    elif melody_sweep and st.last in (BAR, TIMESIG, TEMPO, NOTE_END, REPEAT):
         mask[tok.bar_id] = mask[tok.eos_id] = False  # the bar's other parts, on its chord, are still to come
         if st.last == NOTE_END:  # the other parts' sweep opens on Position_0, not later
             mask[grammar.pos_lo + 1: grammar.pos_lo + st.pos + 1] = False
-    elif st.last == POSITION and st.pos == 0:
+    elif st.last == POSITION and st.pos == 0 and not (grammar.repeats and melody_sweep):  # (marks: no chord there)
         if chord != st.chord or grammar.chord_every_bar:  # the chord, or (in the melody's sweep) a melody note first
             mask[:] = False
             mask[chord] = True

@@ -101,7 +101,9 @@ class ModelConfig:
     # up to `interval_reach` semitones apart (one score for all farther ones), from one table per
     # part and whether a bar line came between; needs the Bar id (`bar_id`). Echo head (needs the
     # bar echo): the bar lags whose echoes are scored as the next token, by how many of the last
-    # `echo_window` tokens each lag named right.
+    # `echo_window` tokens each lag named right. Repeat marks (needs the bar echo): [id, lag] of
+    # each mark token; where a mark names a lag, the echo is that lag's and the echo head scores
+    # that lag from a table of its own (spemusic.tokens.repeats).
     pitch_memory: list = field(default_factory=list)
     pitch_range: list = field(default_factory=lambda: [0, 0])
     bar_echo: list = field(default_factory=list)
@@ -111,6 +113,7 @@ class ModelConfig:
     bar_id: int = -1
     echo_head: list = field(default_factory=list)
     echo_window: int = 16
+    repeat_marks: list = field(default_factory=list)
 
     def __post_init__(self):
         if self.attention not in ATTENTION_OPTIONS:
@@ -153,6 +156,14 @@ class ModelConfig:
                                 f"not {self.echo_head!r}")
         if self.echo_head and not self.bar_echo:
             raise SpemusicError("model config: an echo head needs the bar echo (bar_echo)")
+        if not (isinstance(self.repeat_marks, list) and len(self.repeat_marks) <= 16 and all(
+                isinstance(m, (list, tuple)) and len(m) == 2 and ids_ok(list(m[:1])) and m[1] in (0, 1, 2, 4, 8)
+                for m in self.repeat_marks)):
+            raise SpemusicError(f"model config: repeat_marks must be [token id, bar lag 0/1/2/4/8] pairs, "
+                                f"not {self.repeat_marks!r}")
+        if self.repeat_marks and not self.bar_echo:
+            raise SpemusicError("model config: repeat marks need the bar echo (bar_echo)")
+        self.repeat_marks = [list(m) for m in self.repeat_marks]
         if not isinstance(self.echo_window, int) or isinstance(self.echo_window, bool) or not 1 <= self.echo_window <= 64:
             raise SpemusicError(f"model config: echo_window must be an integer in 1 … 64, not {self.echo_window!r}")
         for name in ("gated", "share_pe"):
@@ -173,8 +184,14 @@ class ModelConfig:
             spe = per_code * (1 if self.share_pe else L)
         absolute = self.max_len * d if self.pe in ("ape", "sinusoidal") else 0
         recall = 129 * len(self.pitch_memory) + (self.vocab_size + 1 if self.bar_echo else 0)
-        heads = 2 * len(self.interval_head) * (2 * self.interval_reach + 2) + len(self.echo_head) * (self.echo_window + 1)
+        heads = (2 * len(self.interval_head) * (2 * self.interval_reach + 2)
+                 + len(self.echo_head) * (self.echo_window + 1) * self.echo_tables)
         return (self.vocab_size + recall) * d + heads + L * per_block + spe + absolute
+
+    @property
+    def echo_tables(self) -> int:
+        """The echo head's tables: one, and one more for the lag a Repeat mark names."""
+        return 2 if self.repeat_marks else 1
 
     @property
     def d_head(self) -> int:
@@ -462,7 +479,7 @@ class Performer(nn.Module):
             self.register_buffer("pitches", torch.arange(128), persistent=False)
         self.echo_head: nn.Embedding | None = None
         if cfg.echo_head:  # row k: lag echo_head[k]; column j: j of the last echo_window tokens it named right
-            self.echo_head = nn.Embedding(len(cfg.echo_head), cfg.echo_window + 1)
+            self.echo_head = nn.Embedding(len(cfg.echo_head), (cfg.echo_window + 1) * cfg.echo_tables)
             nn.init.zeros_(self.echo_head.weight)  # added to a trained model, it changes nothing at first
         self.drop = nn.Dropout(cfg.dropout)
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
@@ -546,7 +563,8 @@ class Performer(nn.Module):
         if self.bar_echo is not None:
             bar_id, lo, hi = self.cfg.bar_echo
             echo, head, after["echo"] = echo_features(ids, carry.get("echo"), bar_id, (lo, hi), self.cfg.vocab_size,
-                                                      self.cfg.echo_bars, tuple(self.cfg.echo_head), self.cfg.echo_window)
+                                                      self.cfg.echo_bars, tuple(self.cfg.echo_head), self.cfg.echo_window,
+                                                      tuple(tuple(m) for m in self.cfg.repeat_marks))
             x = x + self.bar_echo(echo).to(x.dtype)
             if head is not None:
                 reads["echo"] = head

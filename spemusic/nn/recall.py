@@ -25,6 +25,10 @@ they change nothing until training moves them.
   POP909's bars, 1 bar back in 9%), and a drummer bar after bar: where the copy has held for
   the last dozen tokens it will most likely hold again, which linear attention cannot see.
 
+* Repeat marks (spemusic.tokens.repeats): where the mark in force (the last since the bar line)
+  names a lag, the bar echo is that lag's echo, exactly, and the echo head scores that lag from
+  a second table: "this bar repeats the one 8 back" is then read, not guessed from agreement.
+
 * Interval anchor: where a token opens a note of a part (its Program), the last pitch that part
   wrote. The model's interval head (spemusic.nn.model) scores the coming Pitch as an interval from
   it as well as a pitch. Fed the same pitch as an input (the pitch memory), a fine-tuned model did
@@ -106,20 +110,28 @@ def bar_echo(ids: torch.Tensor, tail: torch.Tensor | None, bar_id: int, position
 
 
 def echo_features(ids: torch.Tensor, tail: torch.Tensor | None, bar_id: int, position_range, none_id: int,
-                  bars: int = 1, lags: tuple = (), window: int = 16) -> tuple:
+                  bars: int = 1, lags: tuple = (), window: int = 16, marks: tuple = ()) -> tuple:
     """`bar_echo`'s echo (B, T), the echo head's inputs for ids (B, T), and the tail to carry. The
     head's inputs (None without `lags`): the candidates (B, T, K), the token that followed the
-    same place lags[k] bars back (`none_id`: none), and how many of the last `window` tokens up to
-    each (itself included) were the candidate its lag named the token before (B, T, K)."""
+    same place lags[k] bars back (`none_id`: none), and the row of its table each is scored by
+    (B, T, K): how many of the last `window` tokens up to each (itself included) were the
+    candidate its lag named the token before. With Repeat `marks` ((id, lag) pairs): where a mark
+    names a lag, the echo is that lag's, and the head scores that lag from a second table (rows
+    window + 1 on)."""
     B, T = ids.shape
     seq = ids if tail is None else torch.cat([tail, ids], 1)
     N = seq.shape[1]
     lo, hi = position_range
     width = ECHO_SWEEPS * (hi - lo + 1) * ECHO_PLACES
-    key = echo_places(seq, bar_id, position_range)["key"]
+    places = echo_places(seq, bar_id, position_range)
+    key = places["key"]
     first = max(N - T - window, 0) if lags else N - T  # the head counts the hits of the tokens before
-    echoes = echo_back(seq, key, key[:, first:], width, max([bars, *lags]), none_id)
+    echoes = echo_back(seq, key, key[:, first:], width, max([bars, *lags, *(lag for _, lag in marks)]), none_id)
     echo = most_held(echoes[:, -T:, :bars], none_id)
+    marked = None
+    if marks:
+        marked = mark_in_force(seq, places["last_bar"], marks)[:, -T:]
+        echo = torch.where(marked > 0, echoes[:, -T:].gather(-1, (marked - 1).clamp(min=0)[..., None])[..., 0], echo)
     head = None
     if lags:
         cands = echoes[..., [lag - 1 for lag in lags]]  # (B, N - first, K)
@@ -127,11 +139,25 @@ def echo_features(ids: torch.Tensor, tail: torch.Tensor | None, bar_id: int, pos
         hits = torch.cat([hit.new_zeros(B, 1, len(lags)), hit.cumsum(1)], 1)
         p = torch.arange(N - T, N, device=ids.device) - first
         agree = hits[:, p] - hits[:, (p - window).clamp(min=0)]
+        if marked is not None:
+            agree = agree + (window + 1) * (marked[..., None] == torch.tensor(lags, device=ids.device))
         head = (cands[:, -T:], agree)
     keep = seq[:, -ECHO_CONTEXT:]
     if keep.shape[1] < ECHO_CONTEXT:
         keep = torch.cat([keep.new_full((B, ECHO_CONTEXT - keep.shape[1]), -1), keep], 1)
     return echo, head, keep
+
+
+def mark_in_force(seq: torch.Tensor, last_bar: torch.Tensor, marks: tuple) -> torch.Tensor:
+    """(B, N): the lag the Repeat mark in force at each token of seq names (the last mark since
+    the bar line, itself included; 0: none, or a mark of no repeat). `marks`: (id, lag) pairs;
+    `last_bar` (B, N) the index of each token's Bar (echo_places)."""
+    lag_here = torch.zeros_like(seq)
+    for mark_id, lag in marks:
+        lag_here = torch.where(seq == mark_id, lag + 1, lag_here)  # (+1: a mark of lag 0 is a mark too)
+    t = torch.arange(seq.shape[1], device=seq.device).expand_as(seq)
+    last = torch.where(lag_here > 0, t, -1).cummax(1).values
+    return torch.where(last > last_bar, lag_here.gather(1, last.clamp(min=0)) - 1, 0)
 
 
 def named_right(cands: torch.Tensor, tokens: torch.Tensor, none_id: int) -> torch.Tensor:
@@ -141,9 +167,9 @@ def named_right(cands: torch.Tensor, tokens: torch.Tensor, none_id: int) -> torc
 
 
 def add_echo_scores(logits: torch.Tensor, rows: torch.Tensor, cands: torch.Tensor, agree: torch.Tensor) -> torch.Tensor:
-    """logits (…, V) + the echo head's scores: row k of `rows` (K, window + 1) at lag k's agreement
-    (…, K), added to its candidate's logit (…, K) (twice where two lags name the same token); none
-    where the candidate is V (no echo)."""
+    """logits (…, V) + the echo head's scores: row k of `rows` (K, window + 1, twice that with
+    Repeat marks) at column `agree` (…, K) (echo_features'), added to lag k's candidate's logit
+    (…, K) (twice where two lags name the same token); none where the candidate is V (no echo)."""
     V = logits.shape[-1]
     scores = rows[torch.arange(rows.shape[0], device=rows.device), agree] * (cands < V)
     return logits.scatter_add(-1, cands.clamp(max=V - 1), scores.to(logits.dtype))
@@ -206,4 +232,4 @@ def most_held(echoes: torch.Tensor, none_id: int) -> torch.Tensor:
 
 
 __all__ = ["ECHO_CONTEXT", "add_echo_scores", "bar_echo", "echo_back", "echo_features", "echo_places", "interval_anchor",
-           "most_held", "named_right", "pitch_memory"]
+           "mark_in_force", "most_held", "named_right", "pitch_memory"]

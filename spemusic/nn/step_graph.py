@@ -87,7 +87,7 @@ def _echo(ids: torch.Tensor, carry: dict, cfg: tuple) -> torch.Tensor:
     counts a key is made of; with an echo head, the candidates it scores for the next token and
     whether each lag named each of the last tokens (`carry["cands"]`, `carry["got"]`). Indices
     count from the first token the carry was made from."""
-    bar_id, lo, hi, none_id, bars, lags = cfg
+    bar_id, lo, hi, none_id, bars, lags, marks = cfg
     n = carry["n"]  # (B,) this token's index
     is_bar, is_pos = ids == bar_id, (ids >= lo) & (ids < hi)
     bar = carry["bar"] + is_bar.long()
@@ -108,9 +108,18 @@ def _echo(ids: torch.Tensor, carry: dict, cfg: tuple) -> torch.Tensor:
     bar_at = torch.cat([carry["bar_at"], last_bar[:, None]], 1)
     keys = torch.cat([carry["keys"], mine[:, None]], 1)
     keys = torch.where(bar_at >= (n - recall.ECHO_CONTEXT)[:, None], keys, -1)
-    echoes = recall.echo_back(seq, keys, mine[:, None], width, max([bars, *lags]), none_id)[:, 0]
+    echoes = recall.echo_back(seq, keys, mine[:, None], width, max([bars, *lags, *(m for _, m in marks)]), none_id)[:, 0]
     echo = recall.most_held(echoes[:, :bars], none_id)
     new = {}
+    if marks:  # the Repeat mark in force (recall.mark_in_force): its lag's echo, and its lag's second table
+        lag = carry["mark"]
+        for mark_id, mark_lag in marks:
+            lag = torch.where(ids == mark_id, mark_lag, lag)
+        lag = torch.where(is_bar, 0, lag)
+        echo = torch.where(lag > 0, echoes.gather(1, (lag - 1).clamp(min=0)[:, None])[:, 0], echo)
+        new["mark"] = lag
+        if lags:
+            new["marked"] = (carry["got"].shape[-1] + 1) * (lag[:, None] == torch.tensor(lags)).long()
     if lags:  # whether each lag named this token, then its candidates for the next
         got = recall.named_right(carry["cands"], ids, none_id)
         new.update(got=torch.cat([carry["got"][..., 1:], got[..., None]], -1), cands=echoes[:, [k - 1 for k in lags]])
@@ -191,7 +200,8 @@ def _head(x: torch.Tensor, iv: dict | None, eh: dict | None, P: dict) -> tuple[t
     h = _norm(x, P["ln_f"])
     logits = _linear(h, P["tok"], None)
     if eh is not None:
-        logits = recall.add_echo_scores(logits, P["echo_head_rows"], eh["cands"], eh["got"].sum(-1))
+        rows = eh["got"].sum(-1) + eh["marked"] if "marked" in eh else eh["got"].sum(-1)
+        logits = recall.add_echo_scores(logits, P["echo_head_rows"], eh["cands"], rows)
     if iv is not None:
         rows, (lo, K) = P["interval_rows"], P["interval_reach"]
         interval = torch.arange(128) - iv["anchor"][:, None]
@@ -325,14 +335,14 @@ class StepGraph:
             state.recall = {**(state.recall or {}), "interval": self.iv["carry"]}  # kept current by the program
         if model.bar_echo is not None:
             bar_id, lo, hi = cfg.bar_echo
-            lags = tuple(cfg.echo_head)
+            lags, marks = tuple(cfg.echo_head), tuple(tuple(m) for m in cfg.repeat_marks)
             P.update(echo_rows=detach(model.bar_echo.weight.float()),
-                     echo_cfg=(bar_id, lo, hi, cfg.vocab_size, cfg.echo_bars, lags))
+                     echo_cfg=(bar_id, lo, hi, cfg.vocab_size, cfg.echo_bars, lags, marks))
             self.carry = _echo_carry((state.recall or {}).get("echo"), B, bar_id, lo, hi, cfg.vocab_size,
-                                     cfg.echo_bars, lags, cfg.echo_window)
+                                     cfg.echo_bars, lags, cfg.echo_window, marks)
             if lags:
                 P["echo_head_rows"] = detach(model.echo_head.weight.float())
-                self.eh = {"cands": self.carry["cands"], "got": self.carry["got"]}
+                self.eh = {k: self.carry[k] for k in ("cands", "got", "marked") if k in self.carry}
             state.recall = {**(state.recall or {}), "echo": self.carry["ids"]}  # the same tensor, kept current
         self.ids = torch.zeros(B, dtype=torch.long)
         self.t = torch.zeros((), dtype=torch.float64)
@@ -377,7 +387,7 @@ class StepGraph:
 
 
 def _echo_carry(tail: torch.Tensor | None, B: int, bar_id: int, lo: int, hi: int, none_id: int, bars: int,
-                lags: tuple, window: int) -> dict:
+                lags: tuple, window: int, marks: tuple = ()) -> dict:
     """The echo's carry after the tokens of `tail` (B, ECHO_CONTEXT) (-1: before the piece; None:
     nothing yet), as recall.bar_echo computes its keys over that window (and the echo head its
     candidates and their hits, recall.echo_features)."""
@@ -393,4 +403,9 @@ def _echo_carry(tail: torch.Tensor | None, B: int, bar_id: int, lo: int, hi: int
         cands = echoes[..., [k - 1 for k in lags]]  # (B, window + 1, K): for the tokens after each
         got = recall.named_right(cands[:, :-1], seq[:, -window:], none_id)
         carry.update(cands=cands[:, -1].contiguous(), got=got.transpose(1, 2).contiguous())
+    if marks:
+        lag = recall.mark_in_force(seq, last_bar, marks)[:, -1].contiguous()
+        carry["mark"] = lag
+        if lags:
+            carry["marked"] = ((window + 1) * (lag[:, None] == torch.tensor(lags)).long()).contiguous()
     return carry

@@ -13,6 +13,7 @@ from spemusic.errors import MidiError
 from spemusic.tokens.beats import BeatMap, Beats, TempoMap, read_beats
 from spemusic.tokens.chords import read_chords
 from spemusic.tokens.file_policy import MAX_BARS, Parsed, read_parsed
+from spemusic.tokens.repeats import mark_ids, repeat_lags
 from spemusic.tokens.vocabulary import DRUMS, PART_CODES
 
 if TYPE_CHECKING:
@@ -242,6 +243,18 @@ def tempo_bins_at(tok: Vocabulary, p: Parsed, steps: np.ndarray) -> tuple[np.nda
     return t_bins[np.searchsorted(t_steps, steps, side="right") - 1], clipped
 
 
+def _repeat_lags(note_bar, sweep, note_pos, prog, pitch, u_bar, u_sweep, u_pos, chord_at, nb: int) -> np.ndarray:
+    """Each bar's Repeat marks (nb, 2), read off its notes: in the melody's sweep (position,
+    pitch), in the other parts' (position, program, pitch) and (position, chord)."""
+    key = (note_pos * 256 + np.where(sweep, prog, 0)) * 128 + pitch
+    bar, swp = note_bar, sweep.astype(np.int64)
+    if chord_at is not None:
+        has = chord_at >= 0
+        key = np.concatenate((key, (u_pos[has] * 256 + 255) * 128 + chord_at[has]))
+        bar, swp = np.concatenate((bar, u_bar[has])), np.concatenate((swp, u_sweep[has]))
+    return repeat_lags(bar, swp, key, nb)
+
+
 def encode_parsed(tok: Vocabulary, p: Parsed, chord_steps=None) -> tuple[np.ndarray, dict[str, Any]]:
     cfg = tok.config
     res = cfg.beat_resolution
@@ -321,6 +334,14 @@ def encode_parsed(tok: Vocabulary, p: Parsed, chord_steps=None) -> tuple[np.ndar
     item_type = np.concatenate((np.zeros(nb, np.int64), np.ones(nu, np.int64), np.full(n, 2, np.int64)))
     item_rank = np.concatenate((np.zeros(nb + nu, np.int64), np.arange(n, dtype=np.int64)))
     item_len = np.concatenate((bar_len, on_len, note_len))
+    if cfg.repeats:  # each sweep of each bar opens on its Repeat mark (spemusic.tokens.repeats)
+        lags = _repeat_lags(note_bar, sweep, on - bar_start[note_bar], prog, pitch, u_bar, u_sweep, u_pos, chord_at, nb)
+        item_bar = np.concatenate((item_bar, np.arange(nb), np.arange(nb)))
+        item_sweep = np.concatenate((item_sweep, np.zeros(nb, np.int64), np.ones(nb, np.int64)))
+        item_step = np.concatenate((item_step, np.full(2 * nb, -1, np.int64)))
+        item_type = np.concatenate((item_type, np.zeros(2 * nb, np.int64)))
+        item_rank = np.concatenate((item_rank, np.zeros(2 * nb, np.int64)))
+        item_len = np.concatenate((item_len, np.ones(2 * nb, np.int64)))
     iorder = np.lexsort((item_rank, item_type, item_step, item_sweep, item_bar))
     offs_sorted = np.cumsum(item_len[iorder]) - item_len[iorder] + 1  # +1 for BOS
     offs = np.empty_like(offs_sorted)
@@ -329,7 +350,7 @@ def encode_parsed(tok: Vocabulary, p: Parsed, chord_steps=None) -> tuple[np.ndar
     out = np.empty(total, dtype=np.int32)
     out[0] = tok.bos_id
     out[-1] = tok.eos_id
-    bo, uo, no = offs[:nb], offs[nb : nb + nu], offs[nb + nu :]
+    bo, uo, no = offs[:nb], offs[nb : nb + nu], offs[nb + nu : nb + nu + n]
     out[bo] = tok.bar_id
     out[bo[ts_flag] + 1] = tok._ts_first + bar_ts[ts_flag]
     if melody_first:
@@ -344,6 +365,9 @@ def encode_parsed(tok: Vocabulary, p: Parsed, chord_steps=None) -> tuple[np.ndar
     out[no + 2] = tok._vel_first + vbin
     nd = ~drum
     out[no[nd] + 3] = tok._dur_first + dbin[nd]
+    if cfg.repeats:
+        mo = offs[nb + nu + n:]
+        out[mo] = mark_ids(tok, np.concatenate((lags[:, 0], lags[:, 1])))
 
     stats = {
         "notes": n_in,

@@ -20,6 +20,8 @@ because the grammar is exactly what the tokenizer writes, re-tokenizes to itself
 
 With a melody_first tokenizer a bar is ``Bar [TimeSig] [Tempo]``, the melody's onsets, then the
 other parts' onsets (Position starts again; the Chords are there): see the tokenizer's notes.
+With Repeat marks too, ``Bar [TimeSig] [Tempo] Repeat``, the melody's onsets (Positions only
+forward), then ``Repeat`` and the other parts' onsets: the second mark opens their sweep.
 
 The real-data tests walk this grammar over every file of POP909 and Groove.
 
@@ -36,7 +38,22 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .tokenizer import BAR, BOS, CHORD, DURATION, EOS, PAD, PITCH, POSITION, PROGRAM, TEMPO, TIMESIG, VELOCITY, REMITokenizer
+from .tokenizer import (
+    BAR,
+    BOS,
+    CHORD,
+    DURATION,
+    EOS,
+    PAD,
+    PITCH,
+    POSITION,
+    PROGRAM,
+    REPEAT,
+    TEMPO,
+    TIMESIG,
+    VELOCITY,
+    REMITokenizer,
+)
 
 # GrammarState.last is the kind of the last token (the tokenizer's kinds), or one of these
 START = -1            # no token yet
@@ -62,6 +79,9 @@ class GrammarState:
                                   # (past the bar, or before it when a rest began earlier); None: no note yet
     in_melody: bool = False       # melody_first: the bar's onsets may still be the melody's (until the other
                                   # parts' sweep begins: a Position at or before the last, a Chord, their Program)
+    marks: int = 0                # Repeat marks in this bar so far (repeats: one opens each sweep)
+    notes_at_bar: int = 0         # `notes` when this bar began
+    melody_closed: bool = False   # repeats: a held melody's bar is complete; its second mark comes next
     eos: bool = False
 
 
@@ -93,6 +113,8 @@ class REMIGrammar:
         self.melody_first = tokenizer.config.melody_first
         self.melody = tokenizer.part_id("melody") if tokenizer.config.parts else -1
         self.chord_every_bar = tokenizer.config.chord_every_bar
+        self.repeats = tokenizer.config.repeats
+        self.mark_lo, self.mark_hi = r("Repeat") if self.repeats else (0, 0)
 
     def allowed(self, st: GrammarState, allow_eos: bool = True, allow_bar: bool = True) -> np.ndarray:
         m = np.zeros(self.V, dtype=bool)
@@ -101,6 +123,8 @@ class REMIGrammar:
             m[tok.pad_id] = True
             return m
         last = st.last
+        if self.repeats and last not in (START, BOS):
+            return self._allowed_marked(st, allow_eos, allow_bar)
         if self.melody_first and last not in (START, BOS):
             return self._allowed_melody_first(st, allow_eos, allow_bar)
         if last == START:
@@ -191,6 +215,36 @@ class REMIGrammar:
             return self._allowed_note(st, m)
         return m
 
+    def _allowed_marked(self, st: GrammarState, allow_eos: bool, allow_bar: bool) -> np.ndarray:
+        """melody_first with Repeat marks (spemusic.tokens.repeats): ``Bar [TimeSig] [Tempo] Repeat``,
+        the melody's onsets (Positions only forward), ``Repeat``, the other parts' onsets."""
+        last = st.last
+        if st.marks == 0:  # the bar's header, then its first mark
+            m = self._allowed_melody_first(st, False, False)
+            if not (last == BAR and st.bars == 1 or st.tempo < 0):  # (the first bar's TimeSig and Tempo come first)
+                m[self.pos_lo:self.pos_hi] = False
+                m[self.mark_lo:self.mark_hi] = True
+            return m
+        if last in (REPEAT, NOTE_END) or st.melody_closed:
+            m = np.zeros(self.V, dtype=bool)
+            if st.marks == 1:  # the melody's sweep: a later onset, a note more at this one, or the second mark
+                m[self.mark_lo:self.mark_hi] = True
+                if not st.melody_closed:
+                    m[self.pos_lo + st.pos + 1: self.pos_lo + st.bar_len] = True
+                    if last == NOTE_END and st.notes_here < self.max_notes_per_onset:
+                        m[self.melody] = True
+                return m
+            if last == REPEAT:  # the other parts' sweep opens anywhere in the bar, or the bar is done
+                m[self.pos_lo: self.pos_lo + st.bar_len] = True
+                m[self.tok.bar_id] = allow_bar
+                m[self.tok.eos_id] = allow_eos and st.notes > st.notes_at_bar
+                return m
+        if last == POSITION and st.marks == 1:
+            m = np.zeros(self.V, dtype=bool)
+            m[self.melody] = True
+            return m
+        return self._allowed_melody_first(st, allow_eos, allow_bar)
+
     def _allowed_note(self, st: GrammarState, m: np.ndarray) -> np.ndarray:
         """Inside a note (after its Program, Pitch or Velocity): the same in both grammars."""
         last = st.last
@@ -231,6 +285,7 @@ class REMIGrammar:
             st.bars += 1
             st.pos = -1
             st.in_melody = self.melody_first
+            st.marks, st.notes_at_bar, st.melody_closed = 0, st.notes, False
             if st.sounding is not None:
                 st.sounding -= st.bar_len  # the bar that ends here
             st.bar_len = self.bar_steps.get(st.timesig, self.default_bar)
@@ -281,6 +336,12 @@ class REMIGrammar:
             if not st.in_melody:  # (melody_first: the other parts' sweep alone)
                 st.sounding = end if st.sounding is None else max(st.sounding, end)
             st.last = NOTE_END
+        elif kind == REPEAT:
+            st.marks += 1
+            if st.marks == 2:  # the other parts' sweep begins
+                st.in_melody, st.pos, st.melody_closed = False, -1, False
+                st.last_note, st.used, st.notes_here = (-1, -1, -1, -1), set(), 0
+            st.last = REPEAT
         elif kind == EOS:
             st.eos = True
             st.last = EOS
@@ -288,7 +349,11 @@ class REMIGrammar:
     def end_melody(self, st: GrammarState) -> None:
         """melody_first, when a held melody's bar is complete: the state moves on to the other
         parts' sweep, whose first Position may be any (no more notes at the melody's last onset).
-        Every token this then allows is one the grammar allows without it."""
+        Every token this then allows is one the grammar allows without it. With Repeat marks, the
+        bar's second mark comes next."""
+        if self.repeats:
+            st.melody_closed = True
+            return
         st.in_melody, st.pos = False, -1
         st.notes_here = self.max_notes_per_onset
 

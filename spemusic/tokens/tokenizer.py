@@ -58,6 +58,13 @@ sweep opens on ``Position_0 Chord_x``, the chord in force at the bar line even w
 change there (from the piece's first chord on: a prompt without chords stays as it was): the model
 names each bar's harmony right after hearing its melody.
 
+With ``repeats`` (melody_first only) each sweep opens on a Repeat mark, appended to the vocabulary
+as ``Repeat_0``, ``Repeat_1``, ``Repeat_2``, ``Repeat_4``, ``Repeat_8``: ``Bar [TimeSig] [Tempo]
+Repeat_m``, the melody's onsets, ``Repeat_a``, the other parts' onsets. A mark names the bar that
+sweep repeats, that many bars back (0: none), read off the notes (:mod:`spemusic.tokens.repeats`):
+the model chooses to repeat a bar before it writes the bar's notes. Decoding drops the marks;
+encoding the decoded file writes them again.
+
 Timing rules
 ------------
 * Onsets are rounded to the nearest grid step (half up); a note landing on
@@ -140,6 +147,8 @@ from spemusic.tokens.vocabulary import (  # noqa: F401
     PITCH,
     POSITION,
     PROGRAM,
+    REPEAT,
+    REPEAT_LAGS,
     TEMPO,
     TIMESIG,
     VELOCITY,

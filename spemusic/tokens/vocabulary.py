@@ -27,10 +27,12 @@ CHORD_SET = frozenset(CHORD_MARKS)
 
 # Token kinds: REMITokenizer.kinds[id] is the kind of each id; the decoder and the grammar
 # (spemusic.tokens.grammar) read them from there, so the vocabulary is defined once, in __init__
-PAD, BOS, EOS, BAR, TIMESIG, POSITION, TEMPO, PROGRAM, PITCH, VELOCITY, DURATION, CHORD = range(12)
+PAD, BOS, EOS, BAR, TIMESIG, POSITION, TEMPO, PROGRAM, PITCH, VELOCITY, DURATION, CHORD, REPEAT = range(13)
 # the kinds that span a range of ids (REMITokenizer.range), in vocabulary order
 KINDS = {"TimeSig": TIMESIG, "Position": POSITION, "Tempo": TEMPO, "Program": PROGRAM, "Pitch": PITCH,
-         "Velocity": VELOCITY, "Duration": DURATION, "Chord": CHORD}
+         "Velocity": VELOCITY, "Duration": DURATION, "Chord": CHORD, "Repeat": REPEAT}
+# the bar lags a Repeat mark names (0: no repeat); see spemusic.tokens.repeats
+REPEAT_LAGS = (0, 1, 2, 4, 8)
 DRUMS = 128  # program code of drum notes
 # parts (TokenizerConfig.parts): the roles of POP909's tracks, told apart by track name, with
 # program codes after the drums (so a part's notes sort after every GM program at an onset)
@@ -76,7 +78,7 @@ class TokenError(MidiError, ValueError):
 _TOKENIZER_INT_RANGES = dict(beat_resolution=(1, 960), num_velocity_bins=(1, 127), num_tempo_bins=(1, 1024),
                              max_duration_beats=(1, 64), max_bar_beats=(1, 64))
 # the true/false fields, off by default (a config without one keeps the fingerprint it had before it existed)
-_FLAGS = ("chords", "parts", "melody_first", "chord_every_bar", "drum_grid")
+_FLAGS = ("chords", "parts", "melody_first", "chord_every_bar", "drum_grid", "repeats")
 
 
 def default_time_signatures(max_bar_beats: int = 8, beat_resolution: int = 12) -> tuple[tuple[int, int], ...]:
@@ -112,6 +114,7 @@ class TokenizerConfig:
     melody_first: bool = False  # with parts: each bar's melody, then the other parts; the tempo per bar
     chord_every_bar: bool = False  # with chords and melody_first: each bar's other parts open on the chord in force
     drum_grid: bool = False  # drum hits on their nearest sixteenth or eighth-note triplet (no microtiming)
+    repeats: bool = False  # with melody_first: each sweep of a bar opens on a Repeat mark (appended to the vocabulary)
 
     def __post_init__(self) -> None:
         # types and ranges first: the metadata of a checkpoint from elsewhere lands here, and a
@@ -131,6 +134,8 @@ class TokenizerConfig:
             raise ConfigError("tokenizer config: melody_first needs parts")
         if self.chord_every_bar and not (self.chords and self.melody_first):
             raise ConfigError("tokenizer config: chord_every_bar needs chords and melody_first")
+        if self.repeats and not self.melody_first:
+            raise ConfigError("tokenizer config: repeats needs melody_first")
         if self.drum_grid and self.beat_resolution % 12:
             raise ConfigError("tokenizer config: drum_grid needs a beat_resolution that is a multiple of 12")
         if not self.tempo_min <= self.tempo_max:
@@ -292,9 +297,11 @@ class Vocabulary:
         add("Duration", ((str(i), i) for i in range(len(self.duration_steps))))
         if cfg.chords:
             add("Chord", ((name, i) for i, name in enumerate(CHORD_NAMES)))
+        if cfg.repeats:
+            add("Repeat", ((str(lag), lag) for lag in REPEAT_LAGS))
         self.vocab: list[str] = vocab
         self.token_to_id: dict[str, int] = {t: i for i, t in enumerate(vocab)}
-        self.kinds = np.array(kind, dtype=np.int64)  # the kind of each id (PAD … CHORD)
+        self.kinds = np.array(kind, dtype=np.int64)  # the kind of each id (PAD … REPEAT)
         self.kinds.flags.writeable = False
         self._kind_list = kind
         self._value_list = value
@@ -308,6 +315,7 @@ class Vocabulary:
         self._vel_first = self._ranges["Velocity"][0]
         self._dur_first = self._ranges["Duration"][0]
         self._chord_first = self._ranges["Chord"][0] if cfg.chords else -1
+        self._repeat_first = self._ranges["Repeat"][0] if cfg.repeats else -1
         self._drum_snap = _drum_snap(cfg.beat_resolution) if cfg.drum_grid else None
         self._chord_index = {name: i for i, name in enumerate(CHORD_NAMES)}
         self._default_ts = self.map_time_signature(4, 4)

@@ -23,7 +23,20 @@ import numpy as np
 from ..errors import MidiError, OptionError, SpemusicError
 from ..files import check_output_folder, write_atomically
 from ..options import LEAD_SHEET_BARS
-from ..tokens.tokenizer import BAR, DURATION, EOS, PAD, PITCH, POSITION, PROGRAM, TEMPO, VELOCITY, REMITokenizer, TokenizerConfig
+from ..tokens.tokenizer import (
+    BAR,
+    DURATION,
+    EOS,
+    PAD,
+    PITCH,
+    POSITION,
+    PROGRAM,
+    REPEAT,
+    TEMPO,
+    VELOCITY,
+    REMITokenizer,
+    TokenizerConfig,
+)
 
 SPLITS = ("train", "valid", "test")
 MIDI_SUFFIXES = {".mid", ".midi"}
@@ -489,6 +502,11 @@ def lead_sheet(ids: np.ndarray, tokenizer: REMITokenizer, bars: int) -> np.ndarr
     # in time order a Tempo sits at an onset, which may not hold it alone: that onset keeps its notes
     onset = np.maximum.accumulate(np.where((kinds == POSITION) | (kinds == BAR), np.arange(end), -1))
     drop &= ~np.isin(onset, onset[kinds == TEMPO])
+    if tokenizer.config.repeats:  # the other parts' marks: nothing of theirs is left to repeat
+        marks = np.flatnonzero(kinds == REPEAT)
+        bar_of = np.cumsum(head == tokenizer.bar_id)[marks]
+        head = head.copy()
+        head[marks[1:][bar_of[1:] == bar_of[:-1]]] = tokenizer.range("Repeat")[0]
     kept = head[~drop]
     kept_kinds = tokenizer.kinds[kept]
     # a Position with nothing after it (the next token another Position, a Bar, the end)

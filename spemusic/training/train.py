@@ -42,14 +42,19 @@ def with_vocabulary(model: Performer, old: REMITokenizer, new: REMITokenizer, li
     model computes what it computed until it writes a new token."""
     with torch.random.fork_rng(devices=[]):  # the run draws the same SPE codes as without it
         wider = Performer(replace(model.cfg, vocab_size=len(new))).to(model.device)
-    state = {n: v for n, v in model.state_dict().items() if n != "tok.weight"}
+    by_token = {"tok.weight", "bar_echo.weight"}  # rows by token id (the bar echo's last: no echo)
+    state = {n: v for n, v in model.state_dict().items() if n not in by_token}
     missing, unexpected = wider.load_state_dict(state, strict=False)
-    assert not unexpected and set(missing) <= {"tok.weight", "head.weight"}, (missing, unexpected)
+    assert not unexpected and set(missing) <= by_token | {"head.weight"}, (missing, unexpected)
     old_rows = model.tok.weight.detach()
     with torch.no_grad():
         for i, name in enumerate(new.vocab):
             j = old.token_to_id.get(name, old.token_to_id.get(like.get(name, "")))
             wider.tok.weight[i] = old_rows[j] if j is not None else old_rows.mean(0)
+            if model.bar_echo is not None:  # a new token's echo starts at zero, as the echo did
+                wider.bar_echo.weight[i] = model.bar_echo.weight[j] if j is not None else 0
+        if model.bar_echo is not None:
+            wider.bar_echo.weight[-1] = model.bar_echo.weight[-1]
     wider.trained_tokens = None
     return wider
 
@@ -87,6 +92,12 @@ def echo_head_config(bar_echo: bool) -> dict:
     return {"echo_head": ECHO_HEAD_LAGS}
 
 
+def repeat_marks_config(tokenizer: REMITokenizer) -> list:
+    """The model config's repeat_marks: [id, lag] of each of the tokenizer's Repeat marks."""
+    lo, hi = tokenizer.range("Repeat")
+    return [[i, int(tokenizer._value_list[i])] for i in range(lo, hi)]
+
+
 # the rows a fine-tune that adds the parts starts them from: the piano program POP909 was written in
 PART_ROWS_LIKE = {"Program_melody": "Program_0", "Program_bridge": "Program_0", "Program_piano": "Program_0"}
 
@@ -101,10 +112,15 @@ def widened(model: Performer, cfg: ModelConfig) -> Performer:
     with torch.random.fork_rng(devices=[]):  # the run draws the same SPE codes as without it
         new = Performer(cfg).to(model.device)
     state = {n: v for n, v in model.state_dict().items() if not n.endswith(".shift")}
+    widen_echo_head = model.echo_head is not None and new.echo_head.weight.shape != model.echo_head.weight.shape
+    if widen_echo_head:
+        state.pop("echo_head.weight")
     missing, unexpected = new.load_state_dict(state, strict=False)
     added = RECALL_PARAMETERS + INTERVAL_PARAMETERS + ECHO_HEAD_PARAMETERS
     assert not unexpected and all(n.endswith(".shift") or n in added for n in missing), (missing, unexpected)
     with torch.no_grad():
+        if widen_echo_head:  # the Repeat marks' table starts as the head's own: nothing changes at first
+            new.echo_head.weight.copy_(model.echo_head.weight.repeat(1, cfg.echo_tables))
         for old_block, new_block in zip(model.blocks, new.blocks):
             if old_block.shift is not None:  # tap j-1 weighs the token j back: the near taps carry over
                 new_block.shift[:k0] = old_block.shift
@@ -436,10 +452,15 @@ def _starting_point(run: Run) -> tuple[TokenizerConfig, Performer | None]:
             return wider.config, with_vocabulary(base_model, base_tokenizer, wider, PART_ROWS_LIKE)
         # the same tokens in another layout: melody first, a chord on every bar, the drums on the grid
         switched = {flag: True for flag in ("melody_first", "chord_every_bar", "drum_grid") if getattr(cfg, flag)}
-        return replace(base_tokenizer.config, **switched), base_model
-    check_layout(cfg.parts, cfg.melody_first, bool(cfg.chords), cfg.chord_every_bar)
+        config = replace(base_tokenizer.config, **switched)
+        if cfg.repeats and not config.repeats:  # the Repeat marks join the model's vocabulary
+            check_layout(config.parts, config.melody_first, config.chords, config.chord_every_bar, True)
+            marked = REMITokenizer(replace(config, repeats=True))
+            return marked.config, with_vocabulary(base_model, base_tokenizer, marked, {})
+        return config, base_model
+    check_layout(cfg.parts, cfg.melody_first, bool(cfg.chords), cfg.chord_every_bar, cfg.repeats)
     return TokenizerConfig(chords=bool(cfg.chords), parts=cfg.parts, melody_first=cfg.melody_first,
-                           chord_every_bar=cfg.chord_every_bar, drum_grid=cfg.drum_grid), None
+                           chord_every_bar=cfg.chord_every_bar, drum_grid=cfg.drum_grid, repeats=cfg.repeats), None
 
 
 def _open_cache(cfg: TrainConfig, tok_cfg: TokenizerConfig, world: int, is_main: bool) -> TokenCache:
@@ -467,7 +488,8 @@ def model_config(run: Run, base_model: Performer | None, tokenizer: REMITokenize
         recall = {**(pitch_memory_config(tokenizer) if cfg.pitch_memory else {}),
                   **(interval_head_config(tokenizer) if cfg.interval_head else {}),
                   **(bar_echo_config(tokenizer, cfg.echo_bars) if cfg.bar_echo else {}),
-                  **(echo_head_config(cfg.bar_echo) if cfg.echo_head else {})}
+                  **(echo_head_config(cfg.bar_echo) if cfg.echo_head else {}),
+                  **({"repeat_marks": repeat_marks_config(tokenizer)} if cfg.bar_echo and cfg.repeats else {})}
         extra = {"short_conv": cfg.short_conv} if cfg.short_conv >= 0 else {}
         extra.update({"dropout": cfg.dropout} if cfg.dropout >= 0 else {})
         return ModelConfig.preset(cfg.preset, vocab_size=len(tokenizer), **recall, pe=cfg.pe, gated=cfg.gated,
@@ -488,6 +510,8 @@ def model_config(run: Run, base_model: Performer | None, tokenizer: REMITokenize
         model_cfg = replace(model_cfg, **bar_echo_config(tokenizer, cfg.echo_bars))
     if cfg.echo_head and not model_cfg.echo_head:
         model_cfg = replace(model_cfg, **echo_head_config(bool(model_cfg.bar_echo)))
+    if tokenizer.config.repeats and not model_cfg.repeat_marks and model_cfg.bar_echo:
+        model_cfg = replace(model_cfg, repeat_marks=repeat_marks_config(tokenizer))
     if model_cfg.has_absolute_pe and cfg.seq_len > model_cfg.max_len:
         raise OptionError("{seq_len} {n} is past {model}'s absolute positions ({limit}); SPE models have no such "
                           "limit", n=cfg.seq_len, model=cfg.init_from, limit=model_cfg.max_len)

@@ -1,0 +1,61 @@
+"""Repeat marks: each sweep of a bar says, before its notes, which bar it repeats.
+
+Pop repeats itself at 4 and 8 bars: in POP909's train split 25% of the bars with a melody play
+the melody of the bar 4 or 8 before them again (Jaccard of their (position, pitch) sets at least
+0.6), and 14% of the bars' other parts theirs (docs/design.md, "Repeat marks"). A model that writes notes one
+at a time must open a repeat on its first note, with nothing but its own odds to say that this
+bar is a repeat; once begun, a repeat is easy to hold (the echo head copies it), but a sampled
+piece seldom begins one. With a mark the choice is made once, up front, as the songs make it,
+and the notes after it are written knowing it: ``Repeat_8`` before a melody says "this melody is
+the one of 8 bars ago". The model's echo (spemusic.nn.recall) reads the mark in force.
+
+Layout (``TokenizerConfig.repeats``, with melody_first): ``Bar [TimeSig] [Tempo] Repeat_m``, the
+melody's onsets, ``Repeat_a``, the other parts' onsets (chords included). Every bar has both marks,
+``Repeat_0`` where its sweep repeats no bar (or is empty). The marks are read off the notes: a mark
+is the lag among REPEAT_LAGS whose bar is most like this one, if at least REPEAT_LIKENESS alike
+(ties: the longer lag, the phrase), so the marks of a file follow from its notes and decoding
+drops them.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .vocabulary import REPEAT_LAGS
+
+# how alike two sweeps must be (Jaccard of their sets of notes) for the later to be marked a repeat
+REPEAT_LIKENESS = 0.6
+
+
+def repeat_lags(bar: np.ndarray, sweep: np.ndarray, item: np.ndarray, n_bars: int) -> np.ndarray:
+    """(n_bars, 2) the lag each bar's sweep (0: the melody, 1: the other parts) repeats, 0 for none.
+    `bar`, `sweep`, `item` (n,): each note's (or chord's) bar, sweep and what it is at its place
+    in the bar (any int64 key: position, program, pitch)."""
+    sets: list[list[frozenset]] = [[frozenset(), frozenset()] for _ in range(n_bars)]
+    order = np.lexsort((sweep, bar))
+    b, s, key = bar[order], sweep[order], item[order]
+    cuts = np.flatnonzero(np.diff(b * 2 + s)) + 1
+    for lo, hi in zip(np.r_[0, cuts], np.r_[cuts, len(b)]):
+        if hi > lo:
+            sets[int(b[lo])][int(s[lo])] = frozenset(key[lo:hi].tolist())
+    lags = np.zeros((n_bars, 2), dtype=np.int64)
+    for i in range(n_bars):
+        for k in (0, 1):
+            mine = sets[i][k]
+            if not mine:
+                continue
+            best = REPEAT_LIKENESS
+            for lag in sorted((x for x in REPEAT_LAGS if 0 < x <= i), reverse=True):  # ties: the longer lag
+                other = sets[i - lag][k]
+                alike = len(mine & other) / len(mine | other)
+                if alike > best or (alike == best and lags[i, k] == 0):
+                    best, lags[i, k] = alike, lag
+    return lags
+
+
+def mark_ids(tok, lags: np.ndarray) -> np.ndarray:
+    """The Repeat token ids of `lags` (any shape)."""
+    return tok._repeat_first + np.searchsorted(np.array(REPEAT_LAGS), lags)
+
+
+__all__ = ["REPEAT_LIKENESS", "mark_ids", "repeat_lags"]
