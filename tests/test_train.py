@@ -489,3 +489,57 @@ def test_pitch_memory_and_bar_echo_fine_tune(run_cli, pop_subset, pop_cache, tmp
     model, tok = load_model(tmp_path / "y" / "last")
     assert model.cfg.bar_echo == [tok.bar_id, *tok.range("Position")] and tok.config.melody_first
     assert model.cfg.dropout == 0.1 and not model.training  # (dropout in training only)
+
+
+def test_a_fine_tune_adds_repeat_marks_with_their_rows_fitted(pop_subset, tmp_path):
+    """--repeats on a melody-first model with the echo head: the five marks join its vocabulary
+    (every other token keeps its id and row), their rows are fitted on the model's own states
+    before the first step (the marks then cost less than from the mean row they start as), and
+    the echo head gets its second table as a copy of the first."""
+    from dataclasses import replace
+
+    import torch
+
+    from spemusic.tokens.tokenizer import REMITokenizer
+    from spemusic.training.data import TokenCache, WindowSampler, prepare
+    from spemusic.training.train import (
+        TrainConfig,
+        TrainEvents,
+        fit_new_rows,
+        repeat_marks_config,
+        train,
+        widened,
+        with_vocabulary,
+    )
+
+    cache = tmp_path / "melody-first"
+    prepare(pop_subset, cache, workers=1, config=TokenizerConfig(parts=True, melody_first=True))
+    _train_lib(cache, tmp_path / "base", steps=20, val_every=20, bar_echo=True, echo_head=True, echo_bars=2)
+    base, base_tok = load_model(tmp_path / "base" / "best")
+    notes = []
+
+    class Notes(TrainEvents):
+        def note(self, text):
+            notes.append(text)
+
+    options = {**TINY, "steps": 2, "val_every": 2}
+    train(TrainConfig(data=str(pop_subset), init_from=str(tmp_path / "base" / "best"), repeats=True, **options),
+          tmp_path / "marked", events=Notes())
+    model, tok = load_model(tmp_path / "marked" / "last")
+    assert tok.config.repeats and tok.vocab[-5:] == [f"Repeat_{lag}" for lag in (0, 1, 2, 4, 8)]
+    assert tok.vocab[:-5] == base_tok.vocab and model.cfg.repeat_marks == [[len(base_tok) + i, lag]
+                                                                          for i, lag in enumerate((0, 1, 2, 4, 8))]
+    assert model.echo_head.weight.shape[1] == 2 * base.echo_head.weight.shape[1]
+    assert any("5 new tokens' rows fitted" in n for n in notes), notes
+    # the fit itself: from the mean row, the marks' NLL on the windows falls
+    tok2 = REMITokenizer(replace(base_tok.config, repeats=True))
+    wider = with_vocabulary(base, base_tok, tok2, {})
+    wider = widened(wider, replace(wider.cfg, repeat_marks=repeat_marks_config(tok2)))
+    assert torch.equal(wider.echo_head.weight[:, :3], base.echo_head.weight[:, :3])
+    marked_cache = tmp_path / "marked-cache"
+    prepare(pop_subset, marked_cache, workers=1, config=tok2.config)
+    sampler = WindowSampler(TokenCache.load(marked_cache), "train", 64)
+    rows = list(range(len(base_tok), len(tok2)))
+    before = fit_new_rows(wider, sampler, rows, tok2.pad_id, windows=4, steps=0)
+    after = fit_new_rows(wider, sampler, rows, tok2.pad_id, windows=4, steps=100)
+    assert after < before - 0.5, (before, after)
