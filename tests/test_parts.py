@@ -426,7 +426,11 @@ def test_pieces_with_repeat_marks_follow_the_grammar_and_accompany_holds_the_mel
     for ids in sample(model, tok, num=2, bars=3, seed=1, options=opts).ids:
         assert grammar.is_valid(ids) and np.count_nonzero(ids == tok.bar_id) == 3
         assert np.count_nonzero(tok.kinds[ids] == REPEAT) == 6
+    for ids in sample(model, tok, num=2, bars=3, seed=5, options=opts, parts=("bridge", "piano")).ids:
+        assert grammar.is_valid(ids) and tok.part_id("melody") not in ids  # no melody: its sweeps stay empty
     melody = load_melody(write_tracks(tmp_path / "tune.mid", [("Lead", 0, TWICE)]), tok)
+    for ids in sample(model, tok, num=2, bars=10, seed=6, options=opts, held=hold_melody(melody.ids, tok)).ids:
+        assert grammar.is_valid(ids) and melody_notes(ids, tok) == melody_notes(melody.ids, tok)  # bars past it
     held_marks = [t for t in melody.ids[tok.kinds[melody.ids] == REPEAT]][0::2]
     for chords in (None, ["A:min", "F:maj"]):
         for ids in sample(model, tok, num=2, bars=8, seed=2, options=opts, held=hold_melody(melody.ids, tok),
