@@ -395,6 +395,13 @@ def test_repeat_marks_name_the_bar_each_part_repeats(tmp_path):
     grammar = REMIGrammar(REPEATS_TOK)
     assert grammar.is_valid(ids)
     assert grammar.first_violation(np.delete(ids, bar + 1)) == bar + 1  # a bar without its mark is not the language
+    four_back = REPEATS_TOK.token_to_id["Repeat_4"]
+    assert grammar.first_violation(np.r_[ids[:bar + 1], four_back, ids[bar + 2:]]) == bar + 1  # no bar 4 back yet
+    from spemusic.tokens.repeats import unseen_to_none
+
+    window = ids[np.flatnonzero(ids == REPEATS_TOK.bar_id)[2]:]  # from the third bar: bars 5 and 6 name unseen ones
+    seen = [REPEATS_TOK.vocab[t] for t in unseen_to_none(window, REPEATS_TOK) if REPEATS_TOK.kinds[t] == REPEAT]
+    assert [int(n.removeprefix("Repeat_")) for n in seen] == [0] * 8 + [4, 4, 4, 4]  # (melody, others) a bar
     score = REPEATS_TOK.decode_to_score(ids)
     assert notes_by_track(score) == notes_by_track(BAR_CHORDS_TOK.decode_to_score(BAR_CHORDS_TOK.encode(path)))
     assert np.array_equal(REPEATS_TOK.encode(score), ids)

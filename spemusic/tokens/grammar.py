@@ -115,6 +115,7 @@ class REMIGrammar:
         self.chord_every_bar = tokenizer.config.chord_every_bar
         self.repeats = tokenizer.config.repeats
         self.mark_lo, self.mark_hi = r("Repeat") if self.repeats else (0, 0)
+        self.mark_lags = np.array(tokenizer._value_list[self.mark_lo:self.mark_hi])
 
     def allowed(self, st: GrammarState, allow_eos: bool = True, allow_bar: bool = True) -> np.ndarray:
         m = np.zeros(self.V, dtype=bool)
@@ -223,12 +224,12 @@ class REMIGrammar:
             m = self._allowed_melody_first(st, False, False)
             if not (last == BAR and st.bars == 1 or st.tempo < 0):  # (the first bar's TimeSig and Tempo come first)
                 m[self.pos_lo:self.pos_hi] = False
-                m[self.mark_lo:self.mark_hi] = True
+                self._marks(st, m)
             return m
         if last in (REPEAT, NOTE_END) or st.melody_closed:
             m = np.zeros(self.V, dtype=bool)
             if st.marks == 1:  # the melody's sweep: a later onset, a note more at this one, or the second mark
-                m[self.mark_lo:self.mark_hi] = True
+                self._marks(st, m)
                 if not st.melody_closed:
                     m[self.pos_lo + st.pos + 1: self.pos_lo + st.bar_len] = True
                     if last == NOTE_END and st.notes_here < self.max_notes_per_onset:
@@ -244,6 +245,10 @@ class REMIGrammar:
             m[self.melody] = True
             return m
         return self._allowed_melody_first(st, allow_eos, allow_bar)
+
+    def _marks(self, st: GrammarState, m: np.ndarray) -> None:
+        """The Repeat marks allowed: none names a bar before the piece's first."""
+        m[self.mark_lo:self.mark_hi] = self.mark_lags < st.bars
 
     def _allowed_note(self, st: GrammarState, m: np.ndarray) -> np.ndarray:
         """Inside a note (after its Program, Pitch or Velocity): the same in both grammars."""

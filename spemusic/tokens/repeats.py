@@ -14,7 +14,8 @@ melody's onsets, ``Repeat_a``, the other parts' onsets (chords included). Every 
 ``Repeat_0`` where its sweep repeats no bar (or is empty). The marks are read off the notes: a mark
 is the lag among REPEAT_LAGS whose bar is most like this one, if at least REPEAT_LIKENESS alike
 (ties: the longer lag, the phrase), so the marks of a file follow from its notes and decoding
-drops them.
+drops them. A mark names a bar of the piece (the grammar allows no other), and in a training
+window one the window holds (`unseen_to_none`).
 """
 
 from __future__ import annotations
@@ -53,9 +54,24 @@ def repeat_lags(bar: np.ndarray, sweep: np.ndarray, item: np.ndarray, n_bars: in
     return lags
 
 
+def unseen_to_none(ids: np.ndarray, tok) -> np.ndarray:
+    """`ids` (a training window) with each mark that names a bar before the window's first Bar
+    made ``Repeat_0``: a mark whose bar the model cannot see would teach it marks without copies
+    (in windows of 2,048 tokens, about 20 bars, that would be a third of the marks 8 back)."""
+    lo, hi = tok.range("Repeat")
+    marks = np.flatnonzero((ids >= lo) & (ids < hi))
+    if not len(marks):
+        return ids
+    bar = np.cumsum(ids == tok.bar_id)[marks] - 1  # the mark's bar, counted from the window's first
+    unseen = np.array(REPEAT_LAGS)[ids[marks] - lo] > bar
+    out = ids.copy()
+    out[marks[unseen]] = lo
+    return out
+
+
 def mark_ids(tok, lags: np.ndarray) -> np.ndarray:
     """The Repeat token ids of `lags` (any shape)."""
     return tok._repeat_first + np.searchsorted(np.array(REPEAT_LAGS), lags)
 
 
-__all__ = ["REPEAT_LIKENESS", "mark_ids", "repeat_lags"]
+__all__ = ["REPEAT_LIKENESS", "mark_ids", "repeat_lags", "unseen_to_none"]

@@ -23,6 +23,7 @@ import numpy as np
 from ..errors import MidiError, OptionError, SpemusicError
 from ..files import check_output_folder, write_atomically
 from ..options import LEAD_SHEET_BARS
+from ..tokens.repeats import unseen_to_none
 from ..tokens.tokenizer import (
     BAR,
     DURATION,
@@ -409,7 +410,7 @@ class WindowSampler:
         if lead_sheet_bars:  # (notes taken out: more of the piece may fit)
             piece = lead_sheet(piece, self.tokenizer, lead_sheet_bars)[: self.seq_len + 1]
         out[: len(piece)] = piece
-        return out
+        return unseen_to_none(out, self.tokenizer) if self.tokenizer.config.repeats else out
 
     def transpose(self, window: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         if self.max_transpose == 0:
@@ -526,7 +527,7 @@ def fixed_windows(cache: TokenCache, split: str, seq_len: int, max_windows: int 
             w = np.full(seq_len + 1, tok.pad_id, dtype=np.int64)
             piece = seq[start: start + seq_len + 1]
             w[: len(piece)] = piece
-            windows.append(w)
+            windows.append(unseen_to_none(w, tok) if tok.config.repeats else w)
     if not windows:
         raise SpemusicError(f"{cache.path}: the {split} split is empty")
     # spread the chosen windows over the whole split, not just its first pieces
