@@ -39,7 +39,7 @@ ROWS = [
     ["nn.spe", "nn.spe_jax", "nn.attention", "nn.recurrent", "nn.positional", "nn.fused", "nn.compiled",
      "nn.recall"],
     ["tokens.grammar", "tokens.tokenizer", "tokens.vocabulary", "tokens.file_policy", "tokens.midi_repair",
-     "tokens.encoding", "tokens.decoding", "tokens.beats", "tokens.chords", "tokens.examples",
+     "tokens.encoding", "tokens.decoding", "tokens.repeats", "tokens.beats", "tokens.chords", "tokens.examples",
      "errors", "options", "files", "memory", "words"],
 ]
 
