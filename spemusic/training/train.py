@@ -91,15 +91,15 @@ def fit_new_rows(model: Performer, sampler: WindowSampler, rows: list[int], pad_
     old_target = logits.gather(1, target[:, None])[:, 0]
     weight = start.clone().requires_grad_(True)
     optimizer = torch.optim.Adam([weight], lr=1e-2)
-    for _ in range(steps + 1):
+    for step in range(steps + 1):  # (the last pass only measures)
         with torch.enable_grad():
             new = h @ weight.T + extra
             nll = torch.logaddexp(others, new.logsumexp(-1)) - torch.where(
                 is_new, new.gather(1, new_index[target].clamp(min=0)[:, None])[:, 0], old_target)
-            loss = nll.mean() + pull * (weight - start).square().sum()
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
+            if step < steps:
+                optimizer.zero_grad()
+                (nll.mean() + pull * (weight - start).square().sum()).backward()
+                optimizer.step()
     with torch.no_grad():
         model.tok.weight[idx] = weight.detach().to(model.tok.weight.dtype)
     model.train()
