@@ -69,6 +69,16 @@ def _stepped(step, state, ids: torch.Tensor) -> torch.Tensor:
     return torch.cat(out, 1)
 
 
+def _compiled_and_eager(m, ids: torch.Tensor, prompt: int) -> tuple:
+    """The logits of the tokens after `prompt` one at a time, the compiled step's and the eager
+    step's, each from its own primed State (returned too)."""
+    _, eager_state = m.prime(ids[:, :prompt])
+    _, state = m.prime(ids[:, :prompt])
+    graph = StepGraph.of(m, state)
+    assert graph is not None, StepGraph.unavailable()
+    return _stepped(graph, state, ids[:, prompt:]), _stepped(m.step, eager_state, ids[:, prompt:]), state, eager_state
+
+
 def test_the_compiled_step_is_the_eager_step_on_a_real_song(song, step_cache):
     """Past a prompt longer than the bar echo's context (so bars leave it as the song goes on),
     300 tokens one at a time give the eager step's logits and the parallel pass's, in fp32."""
@@ -77,12 +87,7 @@ def test_the_compiled_step_is_the_eager_step_on_a_real_song(song, step_cache):
     ids = ids[None, :2400]
     with torch.no_grad():
         full = m(ids)[:, 2100:]
-    _, eager_state = m.prime(ids[:, :2100])
-    _, state = m.prime(ids[:, :2100])
-    graph = StepGraph.of(m, state)
-    assert graph is not None, StepGraph.unavailable()
-    compiled = _stepped(graph, state, ids[:, 2100:])
-    eager = _stepped(m.step, eager_state, ids[:, 2100:])
+    compiled, eager, state, eager_state = _compiled_and_eager(m, ids, 2100)
     assert (compiled - eager).abs().max().item() <= 1e-4
     assert (compiled - full).abs().max().item() <= 1e-4
     assert torch.equal(state.recall["echo"], eager_state.recall["echo"])
@@ -167,11 +172,6 @@ def test_repeat_marks_read_the_same_in_the_compiled_step_the_eager_step_and_the_
         m.echo_head.weight[:, 17:].normal_(0.0, 1.0)  # the marked lag's own table
         marked = m(ids)
     assert ids.shape[1] > ECHO_CONTEXT and not torch.allclose(full, marked)
-    _, eager_state = m.prime(ids[:, :2100])
-    _, state = m.prime(ids[:, :2100])
-    graph = StepGraph.of(m, state)
-    assert graph is not None, StepGraph.unavailable()
-    compiled = _stepped(graph, state, ids[:, 2100:])
-    eager = _stepped(m.step, eager_state, ids[:, 2100:])
+    compiled, eager, _, _ = _compiled_and_eager(m, ids, 2100)
     assert (compiled - marked[:, 2100:]).abs().max().item() <= 1e-4
     assert (eager - marked[:, 2100:]).abs().max().item() <= 1e-4

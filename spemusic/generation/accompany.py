@@ -193,8 +193,7 @@ class MelodyBlocks:
             return due[0]
         tok = self.tokenizer
         mask[self.melody_id] = False
-        if self.grammar.repeats and st.marks == 1:  # past the melody's bars: no melody onset of the model's
-            mask[tok.range("Position")[0]:tok.range("Position")[1]] = False
+        self.grammar.without_melody(st, mask)  # (past the melody's bars: no melody onset of the model's)
         mask[tok.range("TimeSig")[0]:tok.range("TimeSig")[1]] = False  # the melody's meter and tempo map
         mask[tok.range("Tempo")[0]:tok.range("Tempo")[1]] = False
         if not mask.any():  # (never: a bar line or an accompaniment onset is always allowed)

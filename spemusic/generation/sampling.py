@@ -156,8 +156,8 @@ def next_token_mask(grammar: REMIGrammar, st: GrammarState, trained: np.ndarray 
     empty_bar = st.notes == st.notes_at_bar and st.last in (BAR, TIMESIG, TEMPO, REPEAT)
     opening = from_scratch and st.bars == 1 and st.notes == 0
     mask = grammar.allowed(st, allow_eos=False, allow_bar=not (opening or (closing and empty_bar)))
-    if grammar.repeats and st.marks == 1 and trained is not None and not trained[grammar.melody]:
-        mask[grammar.pos_lo:grammar.pos_hi] = False  # (no melody: an onset in its sweep would have no note)
+    if trained is not None and grammar.melody >= 0 and not trained[grammar.melody]:
+        grammar.without_melody(st, mask)
     return within_training(mask, trained)
 
 

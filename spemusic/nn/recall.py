@@ -140,7 +140,7 @@ def echo_features(ids: torch.Tensor, tail: torch.Tensor | None, bar_id: int, pos
         p = torch.arange(N - T, N, device=ids.device) - first
         agree = hits[:, p] - hits[:, (p - window).clamp(min=0)]
         if marked is not None:
-            agree = agree + (window + 1) * (marked[..., None] == torch.tensor(lags, device=ids.device))
+            agree = agree + marked_rows(marked, lags, window)
         head = (cands[:, -T:], agree)
     keep = seq[:, -ECHO_CONTEXT:]
     if keep.shape[1] < ECHO_CONTEXT:
@@ -152,12 +152,25 @@ def mark_in_force(seq: torch.Tensor, last_bar: torch.Tensor, marks: tuple) -> to
     """(B, N): the lag the Repeat mark in force at each token of seq names (the last mark since
     the bar line, itself included; 0: none, or a mark of no repeat). `marks`: (id, lag) pairs;
     `last_bar` (B, N) the index of each token's Bar (echo_places)."""
-    lag_here = torch.zeros_like(seq)
-    for mark_id, lag in marks:
-        lag_here = torch.where(seq == mark_id, lag + 1, lag_here)  # (+1: a mark of lag 0 is a mark too)
+    lag_here = mark_lags(seq, marks)
     t = torch.arange(seq.shape[1], device=seq.device).expand_as(seq)
     last = torch.where(lag_here > 0, t, -1).cummax(1).values
     return torch.where(last > last_bar, lag_here.gather(1, last.clamp(min=0)) - 1, 0)
+
+
+def mark_lags(ids: torch.Tensor, marks: tuple) -> torch.Tensor:
+    """The lag each Repeat mark among `ids` names, plus one (a mark of lag 0 is a mark too); 0 for
+    every other token. `marks`: (id, lag) pairs."""
+    out = torch.zeros_like(ids)
+    for mark_id, lag in marks:
+        out = torch.where(ids == mark_id, lag + 1, out)
+    return out
+
+
+def marked_rows(lag: torch.Tensor, lags: tuple, window: int) -> torch.Tensor:
+    """(…, K) for the lag in force (…): where it is the head's lag k, the offset of lag k's second
+    table (window + 1), else 0: added to the agreement, it picks the row the head scores by."""
+    return (window + 1) * (lag[..., None] == torch.tensor(lags, device=lag.device)).long()
 
 
 def named_right(cands: torch.Tensor, tokens: torch.Tensor, none_id: int) -> torch.Tensor:
@@ -232,4 +245,4 @@ def most_held(echoes: torch.Tensor, none_id: int) -> torch.Tensor:
 
 
 __all__ = ["ECHO_CONTEXT", "add_echo_scores", "bar_echo", "echo_back", "echo_features", "echo_places", "interval_anchor",
-           "mark_in_force", "most_held", "named_right", "pitch_memory"]
+           "mark_in_force", "mark_lags", "marked_rows", "most_held", "named_right", "pitch_memory"]

@@ -112,14 +112,12 @@ def _echo(ids: torch.Tensor, carry: dict, cfg: tuple) -> torch.Tensor:
     echo = recall.most_held(echoes[:, :bars], none_id)
     new = {}
     if marks:  # the Repeat mark in force (recall.mark_in_force): its lag's echo, and its lag's second table
-        lag = carry["mark"]
-        for mark_id, mark_lag in marks:
-            lag = torch.where(ids == mark_id, mark_lag, lag)
-        lag = torch.where(is_bar, 0, lag)
+        here = recall.mark_lags(ids, marks)
+        lag = torch.where(is_bar, 0, torch.where(here > 0, here - 1, carry["mark"]))
         echo = torch.where(lag > 0, echoes.gather(1, (lag - 1).clamp(min=0)[:, None])[:, 0], echo)
         new["mark"] = lag
         if lags:
-            new["marked"] = (carry["got"].shape[-1] + 1) * (lag[:, None] == torch.tensor(lags)).long()
+            new["marked"] = recall.marked_rows(lag, lags, carry["got"].shape[-1])
     if lags:  # whether each lag named this token, then its candidates for the next
         got = recall.named_right(carry["cands"], ids, none_id)
         new.update(got=torch.cat([carry["got"][..., 1:], got[..., None]], -1), cands=echoes[:, [k - 1 for k in lags]])
@@ -200,8 +198,7 @@ def _head(x: torch.Tensor, iv: dict | None, eh: dict | None, P: dict) -> tuple[t
     h = _norm(x, P["ln_f"])
     logits = _linear(h, P["tok"], None)
     if eh is not None:
-        rows = eh["got"].sum(-1) + eh["marked"] if "marked" in eh else eh["got"].sum(-1)
-        logits = recall.add_echo_scores(logits, P["echo_head_rows"], eh["cands"], rows)
+        logits = recall.add_echo_scores(logits, P["echo_head_rows"], eh["cands"], eh["got"].sum(-1) + eh.get("marked", 0))
     if iv is not None:
         rows, (lo, K) = P["interval_rows"], P["interval_reach"]
         interval = torch.arange(128) - iv["anchor"][:, None]
@@ -407,5 +404,5 @@ def _echo_carry(tail: torch.Tensor | None, B: int, bar_id: int, lo: int, hi: int
         lag = recall.mark_in_force(seq, last_bar, marks)[:, -1].contiguous()
         carry["mark"] = lag
         if lags:
-            carry["marked"] = ((window + 1) * (lag[:, None] == torch.tensor(lags)).long()).contiguous()
+            carry["marked"] = recall.marked_rows(lag, lags, window).contiguous()
     return carry

@@ -246,6 +246,13 @@ class REMIGrammar:
             return m
         return self._allowed_melody_first(st, allow_eos, allow_bar)
 
+    def without_melody(self, st: GrammarState, m: np.ndarray) -> None:
+        """Narrow `m` for a piece that writes no melody note here (a part left out, or a melody
+        held by the user): with Repeat marks, no onset in the melody's sweep, which could only
+        hold a melody note."""
+        if self.repeats and st.marks == 1:
+            m[self.pos_lo:self.pos_hi] = False
+
     def _marks(self, st: GrammarState, m: np.ndarray) -> None:
         """The Repeat marks allowed: none names a bar before the piece's first."""
         m[self.mark_lo:self.mark_hi] = self.mark_lags < st.bars

@@ -43,14 +43,11 @@ def repeat_lags(bar: np.ndarray, sweep: np.ndarray, item: np.ndarray, n_bars: in
     for i in range(n_bars):
         for k in (0, 1):
             mine = sets[i][k]
-            if not mine:
-                continue
-            best = REPEAT_LIKENESS
-            for lag in sorted((x for x in REPEAT_LAGS if 0 < x <= i), reverse=True):  # ties: the longer lag
-                other = sets[i - lag][k]
-                alike = len(mine & other) / len(mine | other)
-                if alike > best or (alike == best and lags[i, k] == 0):
-                    best, lags[i, k] = alike, lag
+            alike = {lag: len(mine & sets[i - lag][k]) / len(mine | sets[i - lag][k])
+                     for lag in REPEAT_LAGS if 0 < lag <= i and mine}
+            best = max(alike, key=lambda lag: (alike[lag], lag), default=0)  # ties: the longer lag
+            if best and alike[best] >= REPEAT_LIKENESS:
+                lags[i, k] = best
     return lags
 
 
