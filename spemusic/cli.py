@@ -589,6 +589,9 @@ TRAIN_OPTIONS = {
     "piece_starts": ("Data", ("This share of the training windows opens at a piece's start, as generation from "
                      "scratch does; the rest open at any bar. A model with --bar-echo holds the bars it opens "
                      "with, so it needs more of them.")),
+    "scheduled_sampling": ("Data", ("This share of the windows' note tokens (pitch, duration, velocity) is fed as "
+                           "the model's own draw, trained against the true next token, so the model learns to go on "
+                           "after a token of its own that differs, as when it samples (costs one more forward pass).")),
     "kit_swaps": ("Data", ("Drums: this share of the training windows is played on another part of the kit, the "
                   "same way through the window (hi-hat on the ride, snare as side stick, one crash for the "
                   "other), so a continuation keeps the kit of its prompt.")),
@@ -672,6 +675,7 @@ def train(
     lead_sheet: float | None = _train_option("lead_sheet", "--lead-sheet"),
     piece_starts: float | None = _train_option("piece_starts", "--piece-starts"),
     kit_swaps: float | None = _train_option("kit_swaps", "--kit-swaps"),
+    scheduled_sampling: float | None = _train_option("scheduled_sampling", "--scheduled-sampling"),
     output: Path | None = typer.Option(None, "-o", "--output", rich_help_panel="Run",
                                           help="Run folder: checkpoints, metrics.jsonl."),
     config: Path | None = typer.Option(None, "--config", rich_help_panel="Run",

@@ -79,6 +79,8 @@ class TrainConfig:
     repeats: bool = False        # with melody_first: each sweep of a bar opens on a Repeat mark (a fine-tune may add them)
     lead_sheet: float = 0.0      # with parts: share of windows whose first bars keep only the melody and the chords
     piece_starts: float = 0.1    # share of windows that open at a piece's start (BOS), as generation from scratch does
+    scheduled_sampling: float = 0.0  # share of note tokens (pitch, duration, velocity) fed as the model's own
+                                 # draws, trained against the true next token (parallel scheduled sampling)
     kit_swaps: float = 0.0       # drums: share of windows played on another part of the kit (hats on the ride,
                                  # snare as side stick, the other crash), so the prompt names the kit, not habit
     dropout: float = -1.0        # dropout in every block and on the embeddings (-1: the preset's 0, or the
@@ -113,7 +115,8 @@ class TrainConfig:
         if self.steps > 0 and self.epochs > 0:
             raise OptionError("give {steps} or {epochs}, not both (got {n} steps and {e} epochs)", n=self.steps,
                               e=self.epochs)
-        for name in ("lr", "weight_decay", "epochs", "grad_clip", "recall_lr_scale", "lead_sheet", "piece_starts"):
+        for name in ("lr", "weight_decay", "epochs", "grad_clip", "recall_lr_scale", "lead_sheet", "piece_starts",
+                     "scheduled_sampling"):
             if not math.isfinite(getattr(self, name)):
                 raise OptionError("{%s} must be a finite number (got {value})" % name, value=getattr(self, name))
         if self.lr <= 0:
@@ -136,6 +139,8 @@ class TrainConfig:
             raise OptionError("{piece_starts} must be in 0 … 1 (got {value})", value=self.piece_starts)
         if not (self.dropout == -1 or 0 <= self.dropout < 1):
             raise OptionError("{dropout} must be in [0, 1) (got {value})", value=self.dropout)
+        if not 0 <= self.scheduled_sampling < 1:
+            raise OptionError("{scheduled_sampling} must be in [0, 1) (got {value})", value=self.scheduled_sampling)
         if not 0 <= self.kit_swaps <= 1:
             raise OptionError("{kit_swaps} must be in 0 … 1 (got {value})", value=self.kit_swaps)
         if not 0 <= self.seed < 2**31:  # the seed is combined with step counts into a 64-bit torch seed

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import os
 import shutil
 import signal
@@ -12,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import safetensors.torch
 import torch
@@ -282,6 +284,8 @@ def test_train_bad_options(run_cli, pop_cache, tmp_path):
         assert code == 1 and f"{option} must be a finite number" in err, err
     code, _, err = run_cli("train", pop_cache, "-o", tmp_path / "r", "--steps", 2, "--piece-starts", 1.5)
     assert code == 1 and "--piece-starts must be in 0 … 1 (got 1.5)" in err, err
+    code, _, err = run_cli("train", pop_cache, "-o", tmp_path / "r", "--steps", 2, "--scheduled-sampling", 1)
+    assert code == 1 and "--scheduled-sampling must be in [0, 1) (got 1.0)" in err, err
     code, _, err = run_cli("train", pop_cache, "-o", tmp_path / "r", "--steps", 2, "--pe", "ape", "--max-len", 64,
                            "--seq-len", 128)
     assert code == 1 and "--max-len 64" in err
@@ -543,3 +547,28 @@ def test_a_fine_tune_adds_repeat_marks_with_their_rows_fitted(pop_subset, tmp_pa
     before = fit_new_rows(wider, sampler, rows, tok2.pad_id, windows=4, steps=0)
     after = fit_new_rows(wider, sampler, rows, tok2.pad_id, windows=4, steps=100)
     assert after < before - 0.5, (before, after)
+
+
+def test_scheduled_sampling_feeds_the_models_own_notes(tiny_checkpoint, pop_cache, tmp_path):
+    """--scheduled-sampling: a share of the windows' pitches, durations and velocities is replaced
+    by the model's own draw of the same kind; every other token (bars, positions, the first) stays,
+    the same generator gives the same batch, and a run trains with it."""
+    from spemusic.training.data import TokenCache, WindowSampler
+    from spemusic.training.train import OWN_DRAW_KINDS, with_own_draws
+
+    model, tok = load_model(tiny_checkpoint)
+    windows = WindowSampler(TokenCache.load(pop_cache), "train", 256).sample(np.random.default_rng(0), 4)
+    batch = torch.from_numpy(windows)
+    fed = with_own_draws(model, batch, tok, 0.5, torch.Generator().manual_seed(3))
+    assert torch.equal(fed, with_own_draws(model, batch, tok, 0.5, torch.Generator().manual_seed(3)))
+    kinds = torch.from_numpy(tok.kinds)
+    notes = torch.zeros_like(batch, dtype=torch.bool)
+    for name in OWN_DRAW_KINDS:
+        lo, hi = tok.range(name)
+        notes |= (batch >= lo) & (batch < hi)
+    changed = fed != batch
+    assert not changed[~notes].any() and not changed[:, 0].any()
+    assert torch.equal(kinds[fed[changed]], kinds[batch[changed]])
+    assert 0.2 < changed[notes].float().mean() < 0.5  # half drawn, some draws the true token
+    rows = _train_lib(pop_cache, tmp_path / "run", steps=4, val_every=4, scheduled_sampling=0.3)
+    assert rows[-1]["step"] == 4 and all(math.isfinite(r["train_loss"]) for r in rows if "train_loss" in r)

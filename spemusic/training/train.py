@@ -239,14 +239,47 @@ def build_optimizer(model: Performer, lr: float, weight_decay: float, device: to
     return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.95), fused=device.type in ("cuda", "cpu"))
 
 
-def lm_loss(model, batch: torch.Tensor, pad_id: int) -> tuple[torch.Tensor, int]:
-    """Mean next-token NLL over non-PAD targets, and their count."""
-    logits = model(batch[:, :-1])
+def lm_loss(model, batch: torch.Tensor, pad_id: int, inputs: torch.Tensor | None = None) -> tuple[torch.Tensor, int]:
+    """Mean next-token NLL over non-PAD targets, and their count. `inputs` (default: the batch
+    itself) may differ from the batch where the model is fed its own draws."""
+    logits = model(batch[:, :-1] if inputs is None else inputs[:, :-1])
     targets = batch[:, 1:]
     loss = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), targets.reshape(-1),
                            ignore_index=pad_id, reduction="sum")
     count = int((targets != pad_id).sum())
     return loss / max(count, 1), count
+
+
+# the tokens a model's own draws replace under --scheduled-sampling: a note's pitch, duration and
+# velocity (never a Bar, Position or mark, so the stream keeps its structure)
+OWN_DRAW_KINDS = ("Pitch", "Duration", "Velocity")
+
+
+@torch.no_grad()
+def with_own_draws(model: Performer, batch: torch.Tensor, tokenizer: REMITokenizer, share: float,
+                   generator: torch.Generator) -> torch.Tensor:
+    """Parallel scheduled sampling (Duckworth et al., 2019): the batch with `share` of its note
+    tokens replaced by the model's own draws (at temperature 1, from its teacher-forced odds, each
+    within its kind). Trained on these inputs against the true next tokens, the model learns to go
+    on with the song after a token of its own that differs, as it must when it samples: a repeat
+    then goes on after one wrong note instead of following it."""
+    vocab = len(tokenizer)
+    allowed = torch.full((len(OWN_DRAW_KINDS) + 1, vocab), float("-inf"), device=batch.device)
+    kind = torch.zeros(vocab, dtype=torch.long, device=batch.device)
+    for i, name in enumerate(OWN_DRAW_KINDS, start=1):
+        lo, hi = tokenizer.range(name)
+        allowed[i, lo:hi] = 0.0
+        kind[lo:hi] = i
+    targets = batch[:, 1:]
+    pick = (kind[targets] > 0) & (torch.rand(targets.shape, generator=generator, device="cpu")
+                                  .to(batch.device) < share)
+    if not pick.any():
+        return batch
+    logits = model(batch[:, :-1]).float()[pick] + allowed[kind[targets[pick]]]
+    draws = torch.multinomial(torch.softmax(logits, dim=-1).cpu(), 1, generator=generator).squeeze(1)
+    out = batch.clone()
+    out[:, 1:][pick] = draws.to(batch.device)
+    return out
 
 
 @torch.no_grad()
@@ -752,6 +785,8 @@ class _Loop:
         self.pad_id = self.cache.tokenizer.pad_id
         self.n_params = self.model.num_parameters()
         self.trained_tokens = trained_vocabulary(self.cache, self.cfg.transpose)
+        # the own draws of --scheduled-sampling: seeded by the run and the step it starts at (resumable)
+        self.draws = torch.Generator().manual_seed(self.cfg.seed * 7_919 + self.state.step)
 
     def run_until(self, end_step: int) -> dict:
         """Train up to `end_step`; returns the summary `train` returns."""
@@ -794,7 +829,9 @@ class _Loop:
             sync = micro_step == cfg.grad_accum - 1
             ctx = self.train_model.no_sync() if (self.world > 1 and not sync) else contextlib.nullcontext()
             with ctx, torch.autocast(self.device.type, dtype=self.dtype, enabled=self.dtype != torch.float32):
-                loss, _ = lm_loss(self.train_model, batch, self.pad_id)
+                inputs = (with_own_draws(model, batch, self.cache.tokenizer, cfg.scheduled_sampling, self.draws)
+                          if cfg.scheduled_sampling else None)
+                loss, _ = lm_loss(self.train_model, batch, self.pad_id, inputs)
                 (loss / cfg.grad_accum).backward()
             step_loss += loss.item() / cfg.grad_accum
         if not math.isfinite(step_loss):
