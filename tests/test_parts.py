@@ -411,6 +411,19 @@ def test_repeat_marks_name_the_bar_each_part_repeats(tmp_path):
         TokenizerConfig(parts=True, repeats=True)
 
 
+def test_a_repeat_mark_names_only_a_bar_with_notes_in_its_sweep(tmp_path):
+    """A mark names a bar to repeat: after a bar of piano alone, the next bar's melody may not be
+    marked "1 back" (that bar had no melody), its other parts may."""
+    path = write_tracks(tmp_path / "intro.mid", [("MELODY", 0, [(72, 4, 1, 90)]),
+                                                 ("PIANO", 0, [(48, 0, 4, 60), (48, 4, 4, 60)])])
+    ids = REPEATS_TOK.encode(path)
+    marks = np.flatnonzero(REPEATS_TOK.kinds[ids] == REPEAT)[2:]  # the second bar's two marks
+    one_back = REPEATS_TOK.token_to_id["Repeat_1"]
+    grammar = REMIGrammar(REPEATS_TOK)
+    assert grammar.is_valid(ids) and grammar.first_violation(np.r_[ids[:marks[0]], one_back, ids[marks[0] + 1:]]) == marks[0]
+    assert grammar.is_valid(np.r_[ids[:marks[1]], one_back, ids[marks[1] + 1:]])
+
+
 def _tiny_marked_model():
     """A random tiny model over REPEATS_TOK with the bar echo, the echo head and the marks."""
     import torch

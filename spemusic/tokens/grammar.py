@@ -82,6 +82,8 @@ class GrammarState:
     marks: int = 0                # Repeat marks in this bar so far (repeats: one opens each sweep)
     notes_at_bar: int = 0         # `notes` when this bar began
     melody_closed: bool = False   # repeats: a held melody's bar is complete; its second mark comes next
+    filled: tuple = (False, False)  # repeats: this bar's melody sweep, its other parts' sweep hold a note (or chord)
+    filled_before: tuple = ()     # repeats: `filled` of the bars before, the last first (as many as a mark reaches)
     eos: bool = False
 
 
@@ -254,8 +256,11 @@ class REMIGrammar:
             m[self.pos_lo:self.pos_hi] = False
 
     def _marks(self, st: GrammarState, m: np.ndarray) -> None:
-        """The Repeat marks allowed: none names a bar before the piece's first."""
-        m[self.mark_lo:self.mark_hi] = self.mark_lags < st.bars
+        """The Repeat marks allowed: ``Repeat_0``, and a lag whose bar had notes in this sweep (a
+        mark names a bar to repeat; an empty sweep is never marked, and repeats none)."""
+        sweep = min(st.marks, 1)
+        m[self.mark_lo:self.mark_hi] = [lag == 0 or (lag <= len(st.filled_before) and st.filled_before[lag - 1][sweep])
+                                        for lag in self.mark_lags]
 
     def _allowed_note(self, st: GrammarState, m: np.ndarray) -> np.ndarray:
         """Inside a note (after its Program, Pitch or Velocity): the same in both grammars."""
@@ -298,6 +303,10 @@ class REMIGrammar:
             st.pos = -1
             st.in_melody = self.melody_first
             st.marks, st.notes_at_bar, st.melody_closed = 0, st.notes, False
+            if self.repeats:
+                if st.bars > 1:
+                    st.filled_before = (st.filled, *st.filled_before[:int(self.mark_lags.max()) - 1])
+                st.filled = (False, False)
             if st.sounding is not None:
                 st.sounding -= st.bar_len  # the bar that ends here
             st.bar_len = self.bar_steps.get(st.timesig, self.default_bar)
@@ -316,6 +325,8 @@ class REMIGrammar:
             st.chord_here = False
             st.last = POSITION
         elif kind == CHORD:
+            if st.marks == 2:
+                st.filled = (st.filled[0], True)
             st.in_melody = False
             st.chord = token
             st.chord_here = True
@@ -333,6 +344,8 @@ class REMIGrammar:
             st.used.add((st.note[0], token))
             st.notes_here += 1
             st.notes += 1
+            if st.marks:
+                st.filled = (True, st.filled[1]) if st.marks == 1 else (st.filled[0], True)
             st.last = PITCH
         elif kind == VELOCITY:
             st.note[2] = token

@@ -14,8 +14,8 @@ melody's onsets, ``Repeat_a``, the other parts' onsets (chords included). Every 
 ``Repeat_0`` where its sweep repeats no bar (or is empty). The marks are read off the notes: a mark
 is the lag among REPEAT_LAGS whose bar is most like this one, if at least REPEAT_LIKENESS alike
 (ties: the longer lag, the phrase), so the marks of a file follow from its notes and decoding
-drops them. A mark names a bar of the piece (the grammar allows no other), and in a training
-window one the window holds (`unseen_to_none`).
+drops them. A mark names a bar of the piece whose sweep had notes (the grammar allows no
+other), and in a training window one the window holds (`unseen_to_none`).
 """
 
 from __future__ import annotations
