@@ -895,6 +895,48 @@ def test_echo_head_scores_each_lag_echo_by_how_often_it_was_right_and_the_same_o
     assert (_primed_then_stepped(m, ids[:, :300]) - full[:, :300]).abs().max().item() <= 1e-4
 
 
+def test_echo_kinds_score_each_kind_of_candidate_from_its_own_table():
+    """With echo kinds, a candidate in kind i's id range is scored from kind i's tables (the rest
+    from the first): widened from a head without them it is the same function; scored, the
+    parallel pass and the steps agree."""
+    from dataclasses import replace
+
+    from spemusic.nn.recall import echo_features
+    from spemusic.training.train import widened
+
+    ids = _bar_stream(2, 120, seed=6)
+    lags, window, kinds = (1, 2, 4), 5, [[2, 50], [50, 100]]
+    _, (cands, agree), _ = echo_features(ids, None, 1, (2, 50), 150, 1, lags, window)
+    torch.manual_seed(0)
+    cfg = ModelConfig.preset("tiny", vocab_size=150, bar_echo=[1, 2, 50], echo_bars=2, echo_head=list(lags),
+                             echo_window=window)
+    base = Performer(cfg).eval()
+    with torch.no_grad():
+        base.echo_head.weight.normal_(0.0, 1.0)
+    m = widened(base, replace(cfg, echo_kinds=kinds)).eval()
+    assert m.echo_head.weight.shape == (len(lags), 3 * (window + 1))
+    base.resample(2), m.resample(2)
+    with torch.no_grad():
+        assert torch.equal(m(ids), base(ids))
+        m.echo_head.weight.normal_(0.0, 1.0)
+        full = m(ids)
+        base.echo_head.weight.zero_()
+        moved = full - base(ids)
+    kind = torch.zeros(151, dtype=torch.long)
+    kind[2:50], kind[50:100] = 1, 2
+    assert {0, 1, 2} <= set(kind[cands].unique().tolist())  # every kind's table is read
+    expected = torch.zeros_like(moved)
+    for k in range(len(lags)):
+        score = m.echo_head.weight[k, agree[..., k] + (window + 1) * kind[cands[..., k]]] * (cands[..., k] < 150)
+        expected.scatter_add_(-1, cands[..., k:k + 1].clamp(max=149), score[..., None])
+    assert (moved - expected).abs().max().item() <= 1e-4
+    assert (_primed_then_stepped(m, ids, prompt=700, chunk=300) - full).abs().max().item() <= 1e-4
+    with pytest.raises(SpemusicError, match="echo kinds need the echo head"):
+        ModelConfig.preset("tiny", vocab_size=150, bar_echo=[1, 2, 50], echo_kinds=kinds)
+    with pytest.raises(SpemusicError, match="echo_kinds must be"):
+        replace(cfg, echo_kinds=[[50, 2]])
+
+
 def test_echo_head_config_errors():
     with pytest.raises(SpemusicError, match="needs the bar echo"):
         ModelConfig.preset("tiny", vocab_size=V, echo_head=[1, 2])

@@ -433,7 +433,7 @@ def _tiny_marked_model():
 
     torch.manual_seed(0)
     cfg = ModelConfig.preset("tiny", vocab_size=len(REPEATS_TOK), **bar_echo_config(REPEATS_TOK, 4),
-                             **echo_head_config(True), repeat_marks=repeat_marks_config(REPEATS_TOK))
+                             **echo_head_config(True, REPEATS_TOK), repeat_marks=repeat_marks_config(REPEATS_TOK))
     return Performer(cfg).eval()
 
 

@@ -39,11 +39,11 @@ def _model(tok, **changes) -> Performer:
     """A small random model in pop-piano's vocabulary, with its bar echo over 4 bars, its short
     convolution, its interval head, an echo head and gated sineSPE; its echo rows, both heads'
     scores and the convolution drawn large enough to matter."""
-    from spemusic.training.train import interval_head_config
+    from spemusic.training.train import echo_head_config, interval_head_config
 
     lo, hi = tok.range("Position")
     cfg = ModelConfig.preset("tiny", vocab_size=len(tok), pe="sinespe", gated=True, short_conv=8,
-                             bar_echo=[tok.bar_id, lo, hi], echo_bars=4, echo_head=[1, 2, 4, 8],
+                             bar_echo=[tok.bar_id, lo, hi], echo_bars=4, **echo_head_config(True, tok),
                              **interval_head_config(tok))
     torch.manual_seed(0)
     m = Performer(replace(cfg, **changes)).eval()

@@ -477,6 +477,7 @@ def test_pitch_memory_and_bar_echo_fine_tune(run_cli, pop_subset, pop_cache, tmp
     assert model.cfg.bar_id == tok.bar_id and model.interval_head.weight.abs().sum() > 0
     model, tok = load_model(tmp_path / "echo-head" / "last")
     assert model.cfg.echo_head == [1, 2, 4, 8] and model.echo_head.weight.abs().sum() > 0
+    assert model.cfg.echo_kinds == [list(tok.range(kind)) for kind in ("Position", "Pitch", "Velocity", "Duration")]
     code, _, err = run_cli("train", pop_cache, "-o", tmp_path / "x", "--preset", "tiny", "--echo-head", "--steps", 1)
     assert code == 1 and "--echo-head needs the bar echo: add --bar-echo" in err and "Traceback" not in err
     for flag in ("--pitch-memory", "--interval-head"):

@@ -103,7 +103,9 @@ class ModelConfig:
     # bar echo): the bar lags whose echoes are scored as the next token, by how many of the last
     # `echo_window` tokens each lag named right. Repeat marks (needs the bar echo): [id, lag] of
     # each mark token; where a mark names a lag, the echo is that lag's and the echo head scores
-    # that lag from a table of its own (spemusic.tokens.repeats).
+    # that lag from a table of its own (spemusic.tokens.repeats). Echo kinds: [lo, hi) id ranges
+    # (Pitch, Duration, …) whose candidates the echo head scores from tables of their own (a pitch
+    # repeats more surely than its velocity); every other candidate from the first.
     pitch_memory: list = field(default_factory=list)
     pitch_range: list = field(default_factory=lambda: [0, 0])
     bar_echo: list = field(default_factory=list)
@@ -114,6 +116,7 @@ class ModelConfig:
     echo_head: list = field(default_factory=list)
     echo_window: int = 16
     repeat_marks: list = field(default_factory=list)
+    echo_kinds: list = field(default_factory=list)
 
     def __post_init__(self):
         if self.attention not in ATTENTION_OPTIONS:
@@ -164,6 +167,15 @@ class ModelConfig:
         if self.repeat_marks and not self.bar_echo:
             raise SpemusicError("model config: repeat marks need the bar echo (bar_echo)")
         self.repeat_marks = [list(m) for m in self.repeat_marks]
+        if not (isinstance(self.echo_kinds, list) and len(self.echo_kinds) <= 8 and all(
+                isinstance(r, (list, tuple)) and len(r) == 2 and all(isinstance(i, int) for i in r)
+                and 0 <= r[0] < r[1] <= self.vocab_size
+                for r in self.echo_kinds)):
+            raise SpemusicError(f"model config: echo_kinds must be at most 8 [first id, last + 1] ranges, "
+                                f"not {self.echo_kinds!r}")
+        if self.echo_kinds and not self.echo_head:
+            raise SpemusicError("model config: echo kinds need the echo head (echo_head)")
+        self.echo_kinds = [list(r) for r in self.echo_kinds]
         if not isinstance(self.echo_window, int) or isinstance(self.echo_window, bool) or not 1 <= self.echo_window <= 64:
             raise SpemusicError(f"model config: echo_window must be an integer in 1 … 64, not {self.echo_window!r}")
         for name in ("gated", "share_pe"):
@@ -185,13 +197,21 @@ class ModelConfig:
         absolute = self.max_len * d if self.pe in ("ape", "sinusoidal") else 0
         recall = 129 * len(self.pitch_memory) + (self.vocab_size + 1 if self.bar_echo else 0)
         heads = (2 * len(self.interval_head) * (2 * self.interval_reach + 2)
-                 + len(self.echo_head) * (self.echo_window + 1) * self.echo_tables)
+                 + len(self.echo_head) * (self.echo_window + 1) * self.echo_tables * (len(self.echo_kinds) + 1))
         return (self.vocab_size + recall) * d + heads + L * per_block + spe + absolute
 
     @property
     def echo_tables(self) -> int:
         """The echo head's tables: one, and one more for the lag a Repeat mark names."""
         return 2 if self.repeat_marks else 1
+
+    def echo_kind_offsets(self) -> torch.Tensor:
+        """(vocab_size + 1,) the column where each candidate's kind's tables begin in the echo head's
+        rows (0: the first kind's, also for no candidate, id vocab_size)."""
+        out = torch.zeros(self.vocab_size + 1, dtype=torch.long)
+        for i, (lo, hi) in enumerate(self.echo_kinds, start=1):
+            out[lo:hi] = i * (self.echo_window + 1) * self.echo_tables
+        return out
 
     @property
     def d_head(self) -> int:
@@ -479,8 +499,11 @@ class Performer(nn.Module):
             self.register_buffer("pitches", torch.arange(128), persistent=False)
         self.echo_head: nn.Embedding | None = None
         if cfg.echo_head:  # row k: lag echo_head[k]; column j: j of the last echo_window tokens it named right
-            self.echo_head = nn.Embedding(len(cfg.echo_head), (cfg.echo_window + 1) * cfg.echo_tables)
+            # (each kind's tables in turn: (window + 1) columns a table)
+            self.echo_head = nn.Embedding(len(cfg.echo_head),
+                                          (cfg.echo_window + 1) * cfg.echo_tables * (len(cfg.echo_kinds) + 1))
             nn.init.zeros_(self.echo_head.weight)  # added to a trained model, it changes nothing at first
+            self.register_buffer("echo_kind_offsets", cfg.echo_kind_offsets(), persistent=False)
         self.drop = nn.Dropout(cfg.dropout)
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
         self.ln_f = nn.LayerNorm(cfg.d_model)
@@ -579,7 +602,7 @@ class Performer(nn.Module):
         if reads and "interval" in reads:
             logits = self.add_intervals(logits, reads["interval"])
         if reads and "echo" in reads:
-            logits = add_echo_scores(logits, self.echo_head.weight, *reads["echo"])
+            logits = add_echo_scores(logits, self.echo_head.weight, *reads["echo"], self.echo_kind_offsets)
         return logits
 
     def add_intervals(self, logits: torch.Tensor, anchor) -> torch.Tensor:

@@ -179,12 +179,15 @@ def named_right(cands: torch.Tensor, tokens: torch.Tensor, none_id: int) -> torc
     return ((cands == tokens[..., None]) & (cands != none_id)).long()
 
 
-def add_echo_scores(logits: torch.Tensor, rows: torch.Tensor, cands: torch.Tensor, agree: torch.Tensor) -> torch.Tensor:
+def add_echo_scores(logits: torch.Tensor, rows: torch.Tensor, cands: torch.Tensor, agree: torch.Tensor,
+                    kind_offsets: torch.Tensor) -> torch.Tensor:
     """logits (…, V) + the echo head's scores: row k of `rows` (K, window + 1, twice that with
-    Repeat marks) at column `agree` (…, K) (echo_features'), added to lag k's candidate's logit
-    (…, K) (twice where two lags name the same token); none where the candidate is V (no echo)."""
+    Repeat marks, that again for each echo kind) at column `agree` (…, K) (echo_features') plus the
+    candidate's kind's offset (`kind_offsets` (V + 1,), ModelConfig.echo_kind_offsets), added to lag
+    k's candidate's logit (…, K) (twice where two lags name the same token); none where the
+    candidate is V (no echo)."""
     V = logits.shape[-1]
-    scores = rows[torch.arange(rows.shape[0], device=rows.device), agree] * (cands < V)
+    scores = rows[torch.arange(rows.shape[0], device=rows.device), agree + kind_offsets[cands]] * (cands < V)
     return logits.scatter_add(-1, cands.clamp(max=V - 1), scores.to(logits.dtype))
 
 

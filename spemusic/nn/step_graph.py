@@ -198,7 +198,8 @@ def _head(x: torch.Tensor, iv: dict | None, eh: dict | None, P: dict) -> tuple[t
     h = _norm(x, P["ln_f"])
     logits = _linear(h, P["tok"], None)
     if eh is not None:
-        logits = recall.add_echo_scores(logits, P["echo_head_rows"], eh["cands"], eh["got"].sum(-1) + eh.get("marked", 0))
+        logits = recall.add_echo_scores(logits, P["echo_head_rows"], eh["cands"], eh["got"].sum(-1) + eh.get("marked", 0),
+                                        P["echo_kind_offsets"])
     if iv is not None:
         rows, (lo, K) = P["interval_rows"], P["interval_reach"]
         interval = torch.arange(128) - iv["anchor"][:, None]
@@ -339,6 +340,7 @@ class StepGraph:
                                      cfg.echo_bars, lags, cfg.echo_window, marks)
             if lags:
                 P["echo_head_rows"] = detach(model.echo_head.weight.float())
+                P["echo_kind_offsets"] = model.echo_kind_offsets
                 self.eh = {k: self.carry[k] for k in ("cands", "got", "marked") if k in self.carry}
             state.recall = {**(state.recall or {}), "echo": self.carry["ids"]}  # the same tensor, kept current
         self.ids = torch.zeros(B, dtype=torch.long)

@@ -132,11 +132,16 @@ def interval_head_config(tokenizer: REMITokenizer) -> dict:
 ECHO_HEAD_LAGS = [1, 2, 4, 8]
 
 
-def echo_head_config(bar_echo: bool) -> dict:
+# the candidates the echo head scores from tables of their own: in POP909's repeats the bar's
+# candidate pitch is the next token 0.81 of the time, its velocity 0.49 (docs/design.md)
+ECHO_KINDS = ("Position", "Pitch", "Velocity", "Duration")
+
+
+def echo_head_config(bar_echo: bool, tokenizer: REMITokenizer) -> dict:
     """The model config fields of an echo head, for a model with (`bar_echo`) or without the bar echo."""
     if not bar_echo:
         raise OptionError("{echo_head} needs the bar echo: add {bar_echo}")
-    return {"echo_head": ECHO_HEAD_LAGS}
+    return {"echo_head": ECHO_HEAD_LAGS, "echo_kinds": [list(tokenizer.range(kind)) for kind in ECHO_KINDS]}
 
 
 def repeat_marks_config(tokenizer: REMITokenizer) -> list:
@@ -166,8 +171,10 @@ def widened(model: Performer, cfg: ModelConfig) -> Performer:
     added = RECALL_PARAMETERS + INTERVAL_PARAMETERS + ECHO_HEAD_PARAMETERS
     assert not unexpected and all(n.endswith(".shift") or n in added for n in missing), (missing, unexpected)
     with torch.no_grad():
-        if widen_echo_head:  # the Repeat marks' table starts as the head's own: nothing changes at first
-            new.echo_head.weight.copy_(model.echo_head.weight.repeat(1, cfg.echo_tables))
+        if widen_echo_head:  # the Repeat marks' table and each kind's start as the head's own: nothing changes
+            old, w = model.cfg, cfg.echo_window + 1
+            tables = model.echo_head.weight.view(len(old.echo_head), len(old.echo_kinds) + 1, old.echo_tables, w)
+            new.echo_head.weight.copy_(tables.expand(-1, len(cfg.echo_kinds) + 1, cfg.echo_tables, w).flatten(1))
         for old_block, new_block in zip(model.blocks, new.blocks):
             if old_block.shift is not None:  # tap j-1 weighs the token j back: the near taps carry over
                 new_block.shift[:k0] = old_block.shift
@@ -568,7 +575,7 @@ def model_config(run: Run, base_model: Performer | None, tokenizer: REMITokenize
         recall = {**(pitch_memory_config(tokenizer) if cfg.pitch_memory else {}),
                   **(interval_head_config(tokenizer) if cfg.interval_head else {}),
                   **(bar_echo_config(tokenizer, cfg.echo_bars) if cfg.bar_echo else {}),
-                  **(echo_head_config(cfg.bar_echo) if cfg.echo_head else {}),
+                  **(echo_head_config(cfg.bar_echo, tokenizer) if cfg.echo_head else {}),
                   **({"repeat_marks": repeat_marks_config(tokenizer)} if cfg.bar_echo and cfg.repeats else {})}
         extra = {"short_conv": cfg.short_conv} if cfg.short_conv >= 0 else {}
         extra.update({"dropout": cfg.dropout} if cfg.dropout >= 0 else {})
@@ -588,8 +595,8 @@ def model_config(run: Run, base_model: Performer | None, tokenizer: REMITokenize
         model_cfg = replace(model_cfg, **interval_head_config(tokenizer))
     if cfg.bar_echo:  # added, or read over `echo_bars` bars from now on
         model_cfg = replace(model_cfg, **bar_echo_config(tokenizer, cfg.echo_bars))
-    if cfg.echo_head and not model_cfg.echo_head:
-        model_cfg = replace(model_cfg, **echo_head_config(bool(model_cfg.bar_echo)))
+    if cfg.echo_head and not model_cfg.echo_kinds:  # added, or its tables by kind added
+        model_cfg = replace(model_cfg, **echo_head_config(bool(model_cfg.bar_echo), tokenizer))
     if tokenizer.config.repeats and not model_cfg.repeat_marks and model_cfg.bar_echo:
         model_cfg = replace(model_cfg, repeat_marks=repeat_marks_config(tokenizer))
     if model_cfg.has_absolute_pe and cfg.seq_len > model_cfg.max_len:
