@@ -118,6 +118,7 @@ class REMIGrammar:
         self.repeats = tokenizer.config.repeats
         self.mark_lo, self.mark_hi = r("Repeat") if self.repeats else (0, 0)
         self.mark_lags = np.array(tokenizer._value_list[self.mark_lo:self.mark_hi])
+        self.longest_lag = int(self.mark_lags.max()) if self.repeats else 0
 
     def allowed(self, st: GrammarState, allow_eos: bool = True, allow_bar: bool = True) -> np.ndarray:
         m = np.zeros(self.V, dtype=bool)
@@ -305,7 +306,7 @@ class REMIGrammar:
             st.marks, st.notes_at_bar, st.melody_closed = 0, st.notes, False
             if self.repeats:
                 if st.bars > 1:
-                    st.filled_before = (st.filled, *st.filled_before[:int(self.mark_lags.max()) - 1])
+                    st.filled_before = (st.filled, *st.filled_before[:self.longest_lag - 1])
                 st.filled = (False, False)
             if st.sounding is not None:
                 st.sounding -= st.bar_len  # the bar that ends here
