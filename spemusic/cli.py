@@ -591,7 +591,8 @@ TRAIN_OPTIONS = {
                      "with, so it needs more of them.")),
     "scheduled_sampling": ("Data", ("This share of the windows' note tokens (pitch, duration, velocity) is fed as "
                            "the model's own draw, trained against the true next token, so the model learns to go on "
-                           "after a token of its own that differs, as when it samples (costs one more forward pass).")),
+                           "after a token of its own that differs, as when it samples (one more forward pass a step; on "
+                           "pop-piano its melodies leapt more, docs/design.md).")),
     "kit_swaps": ("Data", ("Drums: this share of the training windows is played on another part of the kit, the "
                   "same way through the window (hi-hat on the ride, snare as side stick, one crash for the "
                   "other), so a continuation keeps the kit of its prompt.")),
