@@ -555,13 +555,14 @@ def test_scheduled_sampling_feeds_the_models_own_notes(tiny_checkpoint, pop_cach
     by the model's own draw of the same kind; every other token (bars, positions, the first) stays,
     the same generator gives the same batch, and a run trains with it."""
     from spemusic.training.data import TokenCache, WindowSampler
-    from spemusic.training.train import OWN_DRAW_KINDS, with_own_draws
+    from spemusic.training.train import OWN_DRAW_KINDS, own_draw_kinds, with_own_draws
 
     model, tok = load_model(tiny_checkpoint)
     windows = WindowSampler(TokenCache.load(pop_cache), "train", 256).sample(np.random.default_rng(0), 4)
     batch = torch.from_numpy(windows)
-    fed = with_own_draws(model, batch, tok, 0.5, torch.Generator().manual_seed(3))
-    assert torch.equal(fed, with_own_draws(model, batch, tok, 0.5, torch.Generator().manual_seed(3)))
+    draw_kinds = own_draw_kinds(tok)
+    fed = with_own_draws(model, batch, draw_kinds, 0.5, torch.Generator().manual_seed(3))
+    assert torch.equal(fed, with_own_draws(model, batch, draw_kinds, 0.5, torch.Generator().manual_seed(3)))
     kinds = torch.from_numpy(tok.kinds)
     notes = torch.zeros_like(batch, dtype=torch.bool)
     for name in OWN_DRAW_KINDS:

@@ -70,6 +70,13 @@ SIZE_LIMITS = dict(vocab_size=1 << 20, n_layers=1024, d_model=1 << 16, n_heads=1
 PRIME_CHUNK = 4096  # prompt tokens per parallel pass of Performer.prime
 
 
+def _int_pairs(value, most: int, ok) -> bool:
+    """Whether `value` is a list of at most `most` [a, b] pairs of integers, each with ok(a, b)."""
+    return isinstance(value, list) and len(value) <= most and all(
+        isinstance(p, (list, tuple)) and len(p) == 2 and all(isinstance(i, int) and not isinstance(i, bool) for i in p)
+        and ok(*p) for p in value)
+
+
 @dataclass
 class ModelConfig:
     vocab_size: int
@@ -159,18 +166,13 @@ class ModelConfig:
                                 f"not {self.echo_head!r}")
         if self.echo_head and not self.bar_echo:
             raise SpemusicError("model config: an echo head needs the bar echo (bar_echo)")
-        if not (isinstance(self.repeat_marks, list) and len(self.repeat_marks) <= 16 and all(
-                isinstance(m, (list, tuple)) and len(m) == 2 and ids_ok(list(m[:1])) and m[1] in (0, 1, 2, 4, 8)
-                for m in self.repeat_marks)):
+        if not _int_pairs(self.repeat_marks, 16, lambda i, lag: 0 <= i < self.vocab_size and lag in (0, 1, 2, 4, 8)):
             raise SpemusicError(f"model config: repeat_marks must be [token id, bar lag 0/1/2/4/8] pairs, "
                                 f"not {self.repeat_marks!r}")
         if self.repeat_marks and not self.bar_echo:
             raise SpemusicError("model config: repeat marks need the bar echo (bar_echo)")
         self.repeat_marks = [list(m) for m in self.repeat_marks]
-        if not (isinstance(self.echo_kinds, list) and len(self.echo_kinds) <= 8 and all(
-                isinstance(r, (list, tuple)) and len(r) == 2 and all(isinstance(i, int) for i in r)
-                and 0 <= r[0] < r[1] <= self.vocab_size
-                for r in self.echo_kinds)):
+        if not _int_pairs(self.echo_kinds, 8, lambda lo, hi: 0 <= lo < hi <= self.vocab_size):
             raise SpemusicError(f"model config: echo_kinds must be at most 8 [first id, last + 1] ranges, "
                                 f"not {self.echo_kinds!r}")
         if self.echo_kinds and not self.echo_head:

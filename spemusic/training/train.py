@@ -262,27 +262,30 @@ def lm_loss(model, batch: torch.Tensor, pad_id: int, inputs: torch.Tensor | None
 OWN_DRAW_KINDS = ("Pitch", "Duration", "Velocity")
 
 
-@torch.no_grad()
-def with_own_draws(model: Performer, batch: torch.Tensor, tokenizer: REMITokenizer, share: float,
-                   generator: torch.Generator) -> torch.Tensor:
-    """Parallel scheduled sampling (Duckworth et al., 2019): the batch with `share` of its note
-    tokens replaced by the model's own draws (at temperature 1, from its teacher-forced odds, each
-    within its kind). Trained on these inputs against the true next tokens, the model learns to go
-    on with the song after a token of its own that differs, as it must when it samples: a repeat
-    then goes on after one wrong note instead of following it."""
-    vocab = len(tokenizer)
-    allowed = torch.full((len(OWN_DRAW_KINDS) + 1, vocab), float("-inf"), device=batch.device)
-    kind = torch.zeros(vocab, dtype=torch.long, device=batch.device)
+def own_draw_kinds(tokenizer: REMITokenizer) -> torch.Tensor:
+    """(V,) each id's kind among OWN_DRAW_KINDS, counted from 1; 0 for a token no draw replaces."""
+    kind = torch.zeros(len(tokenizer), dtype=torch.long)
     for i, name in enumerate(OWN_DRAW_KINDS, start=1):
         lo, hi = tokenizer.range(name)
-        allowed[i, lo:hi] = 0.0
         kind[lo:hi] = i
+    return kind
+
+
+@torch.no_grad()
+def with_own_draws(model: Performer, batch: torch.Tensor, kind: torch.Tensor, share: float,
+                   generator: torch.Generator) -> torch.Tensor:
+    """Parallel scheduled sampling (Duckworth et al., 2019): the batch with `share` of its note
+    tokens (`kind` > 0, own_draw_kinds) replaced by the model's own draws (at temperature 1, from
+    its teacher-forced odds, each within its kind). Trained on these inputs against the true next
+    tokens, the model learns to go on with the song after a token of its own that differs, as it
+    must when it samples: a repeat then goes on after one wrong note instead of following it."""
+    kind = kind.to(batch.device)
     targets = batch[:, 1:]
-    pick = (kind[targets] > 0) & (torch.rand(targets.shape, generator=generator, device="cpu")
-                                  .to(batch.device) < share)
+    pick = (kind[targets] > 0) & (torch.rand(targets.shape, generator=generator).to(batch.device) < share)
     if not pick.any():
         return batch
-    logits = model(batch[:, :-1]).float()[pick] + allowed[kind[targets[pick]]]
+    logits = model(batch[:, :-1]).float()[pick]
+    logits = logits.masked_fill(kind != kind[targets[pick]][:, None], float("-inf"))
     draws = torch.multinomial(torch.softmax(logits, dim=-1).cpu(), 1, generator=generator).squeeze(1)
     out = batch.clone()
     out[:, 1:][pick] = draws.to(batch.device)
@@ -794,6 +797,7 @@ class _Loop:
         self.trained_tokens = trained_vocabulary(self.cache, self.cfg.transpose)
         # the own draws of --scheduled-sampling: seeded by the run and the step it starts at (resumable)
         self.draws = torch.Generator().manual_seed(self.cfg.seed * 7_919 + self.state.step)
+        self.draw_kinds = own_draw_kinds(self.cache.tokenizer).to(self.device)
 
     def run_until(self, end_step: int) -> dict:
         """Train up to `end_step`; returns the summary `train` returns."""
@@ -836,7 +840,7 @@ class _Loop:
             sync = micro_step == cfg.grad_accum - 1
             ctx = self.train_model.no_sync() if (self.world > 1 and not sync) else contextlib.nullcontext()
             with ctx, torch.autocast(self.device.type, dtype=self.dtype, enabled=self.dtype != torch.float32):
-                inputs = (with_own_draws(model, batch, self.cache.tokenizer, cfg.scheduled_sampling, self.draws)
+                inputs = (with_own_draws(model, batch, self.draw_kinds, cfg.scheduled_sampling, self.draws)
                           if cfg.scheduled_sampling else None)
                 loss, _ = lm_loss(self.train_model, batch, self.pad_id, inputs)
                 (loss / cfg.grad_accum).backward()
