@@ -447,6 +447,9 @@ def data_prepare(
     repeats: bool = typer.Option(False, "--repeats/--no-repeats", help="With --melody-first: each bar's melody "
                                  "and its other parts open on a mark naming the bar they repeat (1, 2, 4 or 8 "
                                  "back, or none)."),
+    copies: bool = typer.Option(False, "--copies/--no-copies", help="With --repeats: a bar's melody or other "
+                                "parts that copy those of 1, 2, 4 or 8 bars back exactly (velocities aside) open "
+                                "on a copy mark, and a model that writes one writes the copy."),
 ):
     """Tokenize a MIDI collection into a compact cache with train/valid/test splits.
 
@@ -461,7 +464,7 @@ def data_prepare(
     from .tokens.tokenizer import TokenizerConfig
     from .training.data import prepare
 
-    check_layout(parts, melody_first, chords is not None, chord_every_bar, repeats)
+    check_layout(parts, melody_first, chords is not None, chord_every_bar, repeats, copies)
 
     with _progress(TextColumn("[bold]tokenizing"), BarColumn(), MofNCompleteColumn(), TextColumn("files"),
                    TimeElapsedColumn(), TimeRemainingColumn()) as progress:
@@ -469,7 +472,8 @@ def data_prepare(
         cache, reused = prepare(midi_dir, output, TokenizerConfig(chords=chords is not None, parts=parts,
                                                               melody_first=melody_first,
                                                               chord_every_bar=chord_every_bar,
-                                                              drum_grid=drum_grid, repeats=repeats),
+                                                              drum_grid=drum_grid, repeats=repeats,
+                                                              copies=copies),
                                 split_csv=split_csv, workers=workers or None, progress=progress,
                                 beats_dir=beats, chords_dir=chords)
         wall = time.perf_counter() - t0
@@ -583,6 +587,9 @@ TRAIN_OPTIONS = {
     "repeats": ("Data", ("With --melody-first, open each bar's melody and its other parts on a mark naming the bar "
                 "they repeat (1, 2, 4 or 8 back, or none), read off the notes: the model chooses a repeat before "
                 "its notes (an --init-from model may add them).")),
+    "copies": ("Data", ("With --repeats, open a bar's melody or other parts that copy those of 1, 2, 4 or 8 bars "
+               "back exactly (velocities aside) on a copy mark: a model that writes one writes the copy, so a "
+               "repeat is one choice (an --init-from model may add them).")),
     "lead_sheet": ("Data", (f"With parts: this share of the training windows has its first 1 to {LEAD_SHEET_BARS} "
                    "bars as a lead sheet (the melody and the chords, no other part), so the model learns to "
                    "accompany a melody it is given.")),
@@ -673,6 +680,7 @@ def train(
     chord_every_bar: bool | None = _train_option("chord_every_bar", "--chord-every-bar/--no-chord-every-bar"),
     drum_grid: bool | None = _train_option("drum_grid", "--drum-grid/--no-drum-grid"),
     repeats: bool | None = _train_option("repeats", "--repeats/--no-repeats"),
+    copies: bool | None = _train_option("copies", "--copies/--no-copies"),
     lead_sheet: float | None = _train_option("lead_sheet", "--lead-sheet"),
     piece_starts: float | None = _train_option("piece_starts", "--piece-starts"),
     kit_swaps: float | None = _train_option("kit_swaps", "--kit-swaps"),

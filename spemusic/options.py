@@ -77,6 +77,7 @@ class TrainConfig:
     chord_every_bar: bool = False  # with chords and melody_first: each bar's other parts open on its chord
     drum_grid: bool = False      # drum hits on their nearest sixteenth or eighth-note triplet
     repeats: bool = False        # with melody_first: each sweep of a bar opens on a Repeat mark (a fine-tune may add them)
+    copies: bool = False         # with repeats: a sweep that copies an earlier one exactly says so (a fine-tune may add them)
     lead_sheet: float = 0.0      # with parts: share of windows whose first bars keep only the melody and the chords
     piece_starts: float = 0.1    # share of windows that open at a piece's start (BOS), as generation from scratch does
     scheduled_sampling: float = 0.0  # share of note tokens (pitch, duration, velocity) fed as the model's own
@@ -208,11 +209,14 @@ def recorded_sampling(value, source: str) -> dict | None:
     return {k: float(v) for k, v in value.items()}
 
 
-def check_layout(parts: bool, melody_first: bool, chords: bool, chord_every_bar: bool, repeats: bool = False) -> None:
+def check_layout(parts: bool, melody_first: bool, chords: bool, chord_every_bar: bool, repeats: bool = False,
+                 copies: bool = False) -> None:
     """The token layouts a new tokenizer may be asked for, as an error that names the options."""
     if melody_first and not parts:
         raise OptionError("{melody_first} needs {parts}")
     if repeats and not melody_first:
         raise OptionError("{repeats} needs {melody_first}")
+    if copies and not repeats:
+        raise OptionError("{copies} needs {repeats}")
     if chord_every_bar and not (melody_first and chords):
         raise OptionError("{chord_every_bar} needs {melody_first} and {chords}")

@@ -18,6 +18,8 @@ MELODY_FIRST_TOK = REMITokenizer(TokenizerConfig(chords=True, parts=True, melody
 BAR_CHORDS_TOK = REMITokenizer(TokenizerConfig(chords=True, parts=True, melody_first=True, chord_every_bar=True))
 REPEATS_TOK = REMITokenizer(TokenizerConfig(chords=True, parts=True, melody_first=True, chord_every_bar=True,
                                             repeats=True))
+COPIES_TOK = REMITokenizer(TokenizerConfig(chords=True, parts=True, melody_first=True, chord_every_bar=True,
+                                           repeats=True, copies=True))
 
 
 def write_tracks(path, tracks, ticks_per_beat=480):
@@ -424,17 +426,120 @@ def test_a_repeat_mark_names_only_a_bar_with_notes_in_its_sweep(tmp_path):
     assert grammar.is_valid(np.r_[ids[:marks[1]], one_back, ids[marks[1] + 1:]])
 
 
-def _tiny_marked_model():
-    """A random tiny model over REPEATS_TOK with the bar echo, the echo head and the marks."""
+def sweeps_after_marks(ids, tok) -> list[tuple[str, int, tuple]]:
+    """(mark name, bar, the sweep's tokens but its velocities) of each mark of `ids`."""
+    out, kinds = [], tok.kinds[ids]
+    ends = np.flatnonzero(np.isin(kinds, (REPEAT, tok.kinds[tok.bar_id], tok.kinds[tok.eos_id]))).tolist() + [len(ids)]
+    for m in np.flatnonzero(kinds == REPEAT).tolist():
+        end = next(e for e in ends if e > m)
+        out.append((tok.vocab[ids[m]], int(np.count_nonzero(ids[:m] == tok.bar_id)),
+                    tuple(int(t) for t in ids[m + 1:end] if tok.vocab[t].split("_")[0] != "Velocity")))
+    return out
+
+
+def test_copy_marks_name_the_sweeps_that_copy_a_bar_exactly_velocities_aside(tmp_path, shared_data):
+    """The phrase played twice, its second melody softer: the melody's second time opens on copy
+    marks (4 back), and so do the piano's bars but the sixth (changed: no mark);
+    decoding drops the marks, encoding writes them again. On real songs every copy mark's sweep
+    has exactly its bar's tokens but the velocities, and the grammar takes every file."""
+    softer = [(p, s, d, v - 30 if s >= 16 else v) for p, s, d, v in TWICE]
+    path = write_tracks(tmp_path / "twice.mid", [("MELODY", 0, softer), ("PIANO", 0, PIANO_TWICE)])
+    ids = COPIES_TOK.encode(path)
+    marks = [name for name, _, _ in sweeps_after_marks(ids, COPIES_TOK)]
+    assert marks[0::2] == ["Repeat_0"] * 4 + ["Repeat_copy4"] * 4
+    assert marks[1::2] == ["Repeat_0"] * 4 + ["Repeat_copy4", "Repeat_0", "Repeat_copy4", "Repeat_copy4"]
+    assert np.array_equal(COPIES_TOK.encode(COPIES_TOK.decode_to_score(ids)), ids)
+    assert COPIES_TOK.vocab[-4:] == [f"Repeat_copy{lag}" for lag in (1, 2, 4, 8)]
+    assert len(COPIES_TOK) == len(REPEATS_TOK) + 4  # the other tokens keep their ids
+    with pytest.raises(ConfigError, match="copies needs repeats"):
+        TokenizerConfig(parts=True, melody_first=True, copies=True)
+    from spemusic.tokens.beats import read_beats
+    from spemusic.tokens.chords import read_chords
+
+    grammar, copies = REMIGrammar(COPIES_TOK), 0
+    for song in ("001", "123", "456", "809"):
+        ids = COPIES_TOK.encode(shared_data / f"pop909/{song}.mid", beats=read_beats(shared_data / f"pop909/beats/{song}.txt"),
+                                chords=read_chords(shared_data / f"pop909/chords/{song}.txt"))
+        assert grammar.is_valid(ids)
+        sweeps = sweeps_after_marks(ids, COPIES_TOK)
+        by_place = {(bar, i % 2): tokens for i, (_, bar, tokens) in enumerate(sweeps)}
+        for i, (name, bar, tokens) in enumerate(sweeps):
+            if "copy" in name:
+                copies += 1
+                assert tokens and by_place[bar - int(name.removeprefix("Repeat_copy")), i % 2] == tokens
+    assert copies > 50
+
+
+def test_a_copy_mark_is_followed_by_its_bar_written_again():
+    """Sampling under the grammar (random odds, copy marks favoured): after a copy mark the
+    sampler writes the sweep it names again, velocities its own, then ends the sweep; where the
+    allowed tokens lack the copy's next one (a part left out), the copy gives way and ends."""
+    from spemusic.tokens.grammar import GrammarState
+
+    tok, grammar, rng = COPIES_TOK, REMIGrammar(COPIES_TOK), np.random.default_rng(0)
+    bias = np.zeros(len(tok))
+    bias[tok.range("Repeat")[0] + 5:] = 4.0  # the copy marks
+    bias[tok.bar_id] = -2.0  # bars of a few notes
+    st, ids = GrammarState(), []
+    while ids.count(tok.bar_id) < 40:
+        mask = grammar.allowed(st, allow_eos=False)
+        grammar.follow_copy(st, mask)
+        logits = np.where(mask, rng.normal(size=len(tok)) + bias, -np.inf)
+        ids.append(int(np.argmax(logits)))
+        grammar.advance(st, ids[-1])
+    ids = np.array(ids[:len(ids) - 1] + [tok.eos_id])
+    assert grammar.is_valid(ids)
+    sweeps = sweeps_after_marks(ids, tok)
+    by_place = {(bar, i % 2): tokens for i, (_, bar, tokens) in enumerate(sweeps)}
+    copied = [(name, bar, i % 2, tokens) for i, (name, bar, tokens) in enumerate(sweeps) if "copy" in name]
+    assert len(copied) > 10 and {side for *_, side, _ in copied} == {0, 1}
+    for name, bar, side, tokens in copied:
+        assert tokens == by_place[bar - int(name.removeprefix("Repeat_copy")), side]
+    velocities = {}
+    for t, nxt in zip(ids[:-1], ids[1:]):
+        velocities.setdefault(tok.vocab[t], set()).add(int(nxt)) if tok.kinds[nxt] == tok.kinds[tok._vel_first] else None
+    assert any(len(v) > 1 for v in velocities.values())  # the copies' velocities are drawn, not copied
+    # a copy the allowed tokens cannot follow gives way: the mask stays, and the copy ends
+    st = GrammarState()
+    for t in ids[:np.flatnonzero([tok.vocab[t].startswith("Repeat_copy") for t in ids])[0] + 1]:
+        grammar.advance(st, int(t))
+    mask = grammar.allowed(st, allow_eos=False)
+    mask[st.copy[0]] = False
+    kept = mask.copy()
+    grammar.follow_copy(st, mask)
+    assert np.array_equal(mask, kept) and st.copy is not None
+    grammar.advance(st, int(np.flatnonzero(mask)[0]))
+    assert st.copy is None
+
+
+def _tiny_marked_model(tok=REPEATS_TOK):
+    """A random tiny model over `tok` with the bar echo, the echo head and the marks."""
     import torch
 
     from spemusic.nn.model import ModelConfig, Performer
     from spemusic.training.train import bar_echo_config, echo_head_config, repeat_marks_config
 
     torch.manual_seed(0)
-    cfg = ModelConfig.preset("tiny", vocab_size=len(REPEATS_TOK), **bar_echo_config(REPEATS_TOK, 4),
-                             **echo_head_config(True, REPEATS_TOK), repeat_marks=repeat_marks_config(REPEATS_TOK))
+    cfg = ModelConfig.preset("tiny", vocab_size=len(tok), **bar_echo_config(tok, 4),
+                             **echo_head_config(True, tok), repeat_marks=repeat_marks_config(tok))
     return Performer(cfg).eval()
+
+
+def test_sampled_and_played_pieces_write_the_copies_their_marks_name(monkeypatch):
+    """A random model's copy marks are written out as copies: its pieces (re-tokenized, so every
+    copy mark there is read off the notes) hold exact copies, which its own odds would never draw."""
+    from spemusic.generation.sampling import SamplingOptions, sample, stream_bars
+
+    monkeypatch.setenv("SPEMUSIC_COMPILE", "0")  # (the eager step: no compile for one more tiny shape)
+    model, tok, grammar = _tiny_marked_model(COPIES_TOK), COPIES_TOK, REMIGrammar(COPIES_TOK)
+    opts = SamplingOptions(bar_top_p=0.8, onset_top_p=0.9, hole_penalty=4.0, stacking=0.8)
+    pieces = sample(model, tok, num=2, bars=8, seed=1, options=opts).ids
+    bars = stream_bars(model, tok, options=opts, seed=1)
+    played = np.array([tok.bos_id, *[t for _ in range(8) for t in next(bars)], tok.eos_id])
+    for ids in [*pieces, tok.encode(tok.decode_to_score(played))]:
+        assert grammar.is_valid(ids)
+        assert any(tok.vocab[t].startswith("Repeat_copy") and len(sweep) > 4
+                   for t, (_, _, sweep) in zip(ids[tok.kinds[ids] == REPEAT], sweeps_after_marks(ids, tok)))
 
 
 def test_pieces_with_repeat_marks_follow_the_grammar_and_accompany_holds_the_melody_and_its_marks(tmp_path):

@@ -328,6 +328,7 @@ class _Steering:
         if self.tempo_id is not None and st.tempo < 0 and mask[tempo_lo:tempo_hi].any():
             mask[tempo_lo:tempo_hi] = False  # the piece's first tempo
             mask[self.tempo_id] = True
+        self.grammar.follow_copy(st, mask)  # a copy mark: the sweep it names, written again
         return mask
 
     def favour_chord_tones(self, logits: np.ndarray, st: GrammarState, bars_started: int) -> None:
@@ -677,6 +678,7 @@ def stream_bars(model: Performer, tokenizer: REMITokenizer, *, prompt: np.ndarra
             mask[tokenizer.bar_id] = True
         else:
             mask = next_token_mask(grammar, st, trained, from_scratch=from_scratch)
+            grammar.follow_copy(st, mask)
         masked = np.where(mask, decoder.next_log_probs(), NEG_INF)
         if opens_on_meter(st, from_scratch):
             nxt = int(masked[0].argmax())

@@ -13,7 +13,7 @@ from spemusic.errors import MidiError
 from spemusic.tokens.beats import BeatMap, Beats, TempoMap, read_beats
 from spemusic.tokens.chords import read_chords
 from spemusic.tokens.file_policy import MAX_BARS, Parsed, read_parsed
-from spemusic.tokens.repeats import mark_ids, repeat_lags
+from spemusic.tokens.repeats import mark_copies, mark_ids, repeat_lags
 from spemusic.tokens.vocabulary import DRUMS, PART_CODES
 
 if TYPE_CHECKING:
@@ -368,6 +368,8 @@ def encode_parsed(tok: Vocabulary, p: Parsed, chord_steps=None) -> tuple[np.ndar
     if cfg.repeats:
         mo = offs[nb + nu + n:]
         out[mo] = mark_ids(tok, np.concatenate((lags[:, 0], lags[:, 1])))
+        if cfg.copies:
+            mark_copies(out, tok)
 
     stats = {
         "notes": n_in,

@@ -21,7 +21,10 @@ because the grammar is exactly what the tokenizer writes, re-tokenizes to itself
 With a melody_first tokenizer a bar is ``Bar [TimeSig] [Tempo]``, the melody's onsets, then the
 other parts' onsets (Position starts again; the Chords are there): see the tokenizer's notes.
 With Repeat marks too, ``Bar [TimeSig] [Tempo] Repeat``, the melody's onsets (Positions only
-forward), then ``Repeat`` and the other parts' onsets: the second mark opens their sweep.
+forward), then ``Repeat`` and the other parts' onsets: the second mark opens their sweep. A copy
+mark (``Repeat_copy8``) names a sweep with notes whose onsets fit in this bar; what follows it is
+that sweep's tokens again, velocities aside, which the grammar does not enforce (the tokens are
+valid either way) but `follow_copy` does when the sampler asks it to.
 
 The real-data tests walk this grammar over every file of POP909 and Groove.
 
@@ -84,6 +87,11 @@ class GrammarState:
     melody_closed: bool = False   # repeats: a held melody's bar is complete; its second mark comes next
     filled: tuple = (False, False)  # repeats: this bar's melody sweep, its other parts' sweep hold a note (or chord)
     filled_before: tuple = ()     # repeats: `filled` of the bars before, the last first (as many as a mark reaches)
+    swept: tuple = field(default_factory=lambda: ([], []))  # copies: the tokens of this bar's melody sweep and
+                                  # other parts' sweep so far
+    swept_before: tuple = ()      # copies: `swept` of the bars before, the last first (as many as a mark reaches)
+    copy: list | None = None      # copies: the sweep a copy mark in force names (None: no copy going on)
+    copy_at: int = 0              # how many of its tokens the copy has written
     eos: bool = False
 
 
@@ -119,6 +127,8 @@ class REMIGrammar:
         self.mark_lo, self.mark_hi = r("Repeat") if self.repeats else (0, 0)
         self.mark_lags = np.array(tokenizer._value_list[self.mark_lo:self.mark_hi])
         self.longest_lag = int(self.mark_lags.max()) if self.repeats else 0
+        self.copies = tokenizer.config.copies
+        self.copy_lo = tokenizer._copy_first if self.copies else self.mark_hi
 
     def allowed(self, st: GrammarState, allow_eos: bool = True, allow_bar: bool = True) -> np.ndarray:
         m = np.zeros(self.V, dtype=bool)
@@ -255,13 +265,47 @@ class REMIGrammar:
         hold a melody note."""
         if self.repeats and st.marks == 1:
             m[self.pos_lo:self.pos_hi] = False
+        if self.repeats and st.marks == 0:  # nor a copy of an earlier melody
+            m[self.copy_lo:self.mark_hi] = False
 
     def _marks(self, st: GrammarState, m: np.ndarray) -> None:
         """The Repeat marks allowed: ``Repeat_0``, and a lag whose bar had notes in this sweep (a
-        mark names a bar to repeat; an empty sweep is never marked, and repeats none)."""
+        mark names a bar to repeat; an empty sweep is never marked, and repeats none); a copy mark
+        also needs that sweep's onsets to fit in this bar."""
         sweep = min(st.marks, 1)
         m[self.mark_lo:self.mark_hi] = [lag == 0 or (lag <= len(st.filled_before) and st.filled_before[lag - 1][sweep])
                                         for lag in self.mark_lags]
+        for mark in range(self.copy_lo, self.mark_hi):
+            lag = self.mark_lags[mark - self.mark_lo]
+            if m[mark]:
+                source = np.array(st.swept_before[lag - 1][sweep])
+                onsets = source[(source >= self.pos_lo) & (source < self.pos_hi)]
+                m[mark] = len(source) > 0 and onsets.max(initial=self.pos_lo) - self.pos_lo < st.bar_len
+
+    def follow_copy(self, st: GrammarState, m: np.ndarray) -> None:
+        """While a copy mark is in force, narrow the allowed tokens `m` (in place) to what the
+        sweep it names wrote next: its token, or any velocity where it had a velocity (a doubled
+        note no louder than the one before where both have one duration, as the tokenizer orders
+        them); once the copy is complete, the end of the sweep. Where `m` holds none of those (a
+        part the user left out, a chord the user asked for), `m` stays: the copy gives way, and
+        ends at the token it did not name."""
+        if st.copy is None:
+            return
+        want = np.zeros(self.V, dtype=bool)
+        if st.copy_at < len(st.copy):
+            nxt = st.copy[st.copy_at]
+            if self.kind_of[nxt] == VELOCITY:
+                duration = st.copy[st.copy_at + 1] if st.copy_at + 1 < len(st.copy) else -1
+                doubled = tuple(st.note[:2]) == st.last_note[:2] and duration == st.last_note[3]
+                want[self.vel_lo:st.last_note[2] + 1 if doubled else self.vel_hi] = True
+            else:
+                want[nxt] = True
+        elif st.marks == 1:
+            want[self.mark_lo:self.mark_hi] = True
+        else:
+            want[self.tok.bar_id] = want[self.tok.eos_id] = True
+        if (m & want).any():
+            m &= want
 
     def _allowed_note(self, st: GrammarState, m: np.ndarray) -> np.ndarray:
         """Inside a note (after its Program, Pitch or Velocity): the same in both grammars."""
@@ -297,6 +341,8 @@ class REMIGrammar:
         kind = int(self.kind_of[token]) if 0 <= token < self.V else PAD  # ids outside the vocabulary: ignored
         if kind == PAD:
             return
+        if self.copies and st.marks and kind not in (BAR, REPEAT, EOS):
+            self._record(st, token, kind)
         if kind == BOS:
             st.last = BOS
         elif kind == BAR:
@@ -307,7 +353,9 @@ class REMIGrammar:
             if self.repeats:
                 if st.bars > 1:
                     st.filled_before = (st.filled, *st.filled_before[:self.longest_lag - 1])
-                st.filled = (False, False)
+                    if self.copies:
+                        st.swept_before = (st.swept, *st.swept_before[:self.longest_lag - 1])
+                st.filled, st.swept, st.copy = (False, False), ([], []), None
             if st.sounding is not None:
                 st.sounding -= st.bar_len  # the bar that ends here
             st.bar_len = self.bar_steps.get(st.timesig, self.default_bar)
@@ -364,6 +412,9 @@ class REMIGrammar:
             st.last = NOTE_END
         elif kind == REPEAT:
             st.marks += 1
+            st.copy, st.copy_at = None, 0
+            if token >= self.copy_lo:
+                st.copy = st.swept_before[self.mark_lags[token - self.mark_lo] - 1][st.marks - 1]
             if st.marks == 2:  # the other parts' sweep begins
                 st.in_melody, st.pos, st.melody_closed = False, -1, False
                 st.last_note, st.used, st.notes_here = (-1, -1, -1, -1), set(), 0
@@ -371,6 +422,17 @@ class REMIGrammar:
         elif kind == EOS:
             st.eos = True
             st.last = EOS
+
+    def _record(self, st: GrammarState, token: int, kind: int) -> None:
+        """Keep a token of the sweep in progress, and follow the copy in force: a token it did not
+        name (a velocity may differ) ends it."""
+        st.swept[st.marks - 1].append(token)
+        if st.copy is not None:
+            named = st.copy[st.copy_at] if st.copy_at < len(st.copy) else -1
+            if token == named or (kind == VELOCITY and named >= 0 and self.kind_of[named] == VELOCITY):
+                st.copy_at += 1
+            else:
+                st.copy = None
 
     def end_melody(self, st: GrammarState) -> None:
         """melody_first, when a held melody's bar is complete: the state moves on to the other

@@ -78,7 +78,7 @@ class TokenError(MidiError, ValueError):
 _TOKENIZER_INT_RANGES = dict(beat_resolution=(1, 960), num_velocity_bins=(1, 127), num_tempo_bins=(1, 1024),
                              max_duration_beats=(1, 64), max_bar_beats=(1, 64))
 # the true/false fields, off by default (a config without one keeps the fingerprint it had before it existed)
-_FLAGS = ("chords", "parts", "melody_first", "chord_every_bar", "drum_grid", "repeats")
+_FLAGS = ("chords", "parts", "melody_first", "chord_every_bar", "drum_grid", "repeats", "copies")
 
 
 def default_time_signatures(max_bar_beats: int = 8, beat_resolution: int = 12) -> tuple[tuple[int, int], ...]:
@@ -115,6 +115,7 @@ class TokenizerConfig:
     chord_every_bar: bool = False  # with chords and melody_first: each bar's other parts open on the chord in force
     drum_grid: bool = False  # drum hits on their nearest sixteenth or eighth-note triplet (no microtiming)
     repeats: bool = False  # with melody_first: each sweep of a bar opens on a Repeat mark (appended to the vocabulary)
+    copies: bool = False  # with repeats: a sweep that copies an earlier one exactly (but its velocities) says so
 
     def __post_init__(self) -> None:
         # types and ranges first: the metadata of a checkpoint from elsewhere lands here, and a
@@ -136,6 +137,8 @@ class TokenizerConfig:
             raise ConfigError("tokenizer config: chord_every_bar needs chords and melody_first")
         if self.repeats and not self.melody_first:
             raise ConfigError("tokenizer config: repeats needs melody_first")
+        if self.copies and not self.repeats:
+            raise ConfigError("tokenizer config: copies needs repeats")
         if self.drum_grid and self.beat_resolution % 12:
             raise ConfigError("tokenizer config: drum_grid needs a beat_resolution that is a multiple of 12")
         if not self.tempo_min <= self.tempo_max:
@@ -298,7 +301,8 @@ class Vocabulary:
         if cfg.chords:
             add("Chord", ((name, i) for i, name in enumerate(CHORD_NAMES)))
         if cfg.repeats:
-            add("Repeat", ((str(lag), lag) for lag in REPEAT_LAGS))
+            copies = [(f"copy{lag}", lag) for lag in REPEAT_LAGS if lag] if cfg.copies else []
+            add("Repeat", [(str(lag), lag) for lag in REPEAT_LAGS] + copies)
         self.vocab: list[str] = vocab
         self.token_to_id: dict[str, int] = {t: i for i, t in enumerate(vocab)}
         self.kinds = np.array(kind, dtype=np.int64)  # the kind of each id (PAD … REPEAT)
@@ -316,6 +320,9 @@ class Vocabulary:
         self._dur_first = self._ranges["Duration"][0]
         self._chord_first = self._ranges["Chord"][0] if cfg.chords else -1
         self._repeat_first = self._ranges["Repeat"][0] if cfg.repeats else -1
+        # the lag each mark names (Repeat_0 … Repeat_8, then Repeat_copy1 … Repeat_copy8), and the first copy mark
+        self.mark_lags = np.array(value[self._repeat_first:], dtype=np.int64) if cfg.repeats else np.zeros(0, np.int64)
+        self._copy_first = self._repeat_first + len(REPEAT_LAGS) if cfg.copies else -1
         self._drum_snap = _drum_snap(cfg.beat_resolution) if cfg.drum_grid else None
         self._chord_index = {name: i for i, name in enumerate(CHORD_NAMES)}
         self._default_ts = self.map_time_signature(4, 4)

@@ -543,14 +543,18 @@ def _starting_point(run: Run) -> tuple[TokenizerConfig, Performer | None]:
         # the same tokens in another layout: melody first, a chord on every bar, the drums on the grid
         switched = {flag: True for flag in ("melody_first", "chord_every_bar", "drum_grid") if getattr(cfg, flag)}
         config = replace(base_tokenizer.config, **switched)
-        if cfg.repeats and not config.repeats:  # the Repeat marks join the model's vocabulary
-            check_layout(config.parts, config.melody_first, config.chords, config.chord_every_bar, True)
-            marked = REMITokenizer(replace(config, repeats=True))
+        marks = {flag: True for flag in ("repeats", "copies") if getattr(cfg, flag) and not getattr(config, flag)}
+        if marks:  # the Repeat marks (or copy marks) join the model's vocabulary
+            marked = replace(config, **marks)
+            check_layout(marked.parts, marked.melody_first, marked.chords, marked.chord_every_bar, marked.repeats,
+                         marked.copies)
+            marked = REMITokenizer(marked)
             return marked.config, with_vocabulary(base_model, base_tokenizer, marked, {})
         return config, base_model
-    check_layout(cfg.parts, cfg.melody_first, bool(cfg.chords), cfg.chord_every_bar, cfg.repeats)
+    check_layout(cfg.parts, cfg.melody_first, bool(cfg.chords), cfg.chord_every_bar, cfg.repeats, cfg.copies)
     return TokenizerConfig(chords=bool(cfg.chords), parts=cfg.parts, melody_first=cfg.melody_first,
-                           chord_every_bar=cfg.chord_every_bar, drum_grid=cfg.drum_grid, repeats=cfg.repeats), None
+                           chord_every_bar=cfg.chord_every_bar, drum_grid=cfg.drum_grid, repeats=cfg.repeats,
+                           copies=cfg.copies), None
 
 
 def _open_cache(cfg: TrainConfig, tok_cfg: TokenizerConfig, world: int, is_main: bool) -> TokenCache:
@@ -600,8 +604,8 @@ def model_config(run: Run, base_model: Performer | None, tokenizer: REMITokenize
         model_cfg = replace(model_cfg, **bar_echo_config(tokenizer, cfg.echo_bars))
     if cfg.echo_head and not model_cfg.echo_kinds:  # added, or its tables by kind added
         model_cfg = replace(model_cfg, **echo_head_config(bool(model_cfg.bar_echo), tokenizer))
-    if tokenizer.config.repeats and not model_cfg.repeat_marks and model_cfg.bar_echo:
-        model_cfg = replace(model_cfg, repeat_marks=repeat_marks_config(tokenizer))
+    if tokenizer.config.repeats and model_cfg.bar_echo and len(model_cfg.repeat_marks) != len(tokenizer.mark_lags):
+        model_cfg = replace(model_cfg, repeat_marks=repeat_marks_config(tokenizer))  # added, or the copy marks added
     if model_cfg.has_absolute_pe and cfg.seq_len > model_cfg.max_len:
         raise OptionError("{seq_len} {n} is past {model}'s absolute positions ({limit}); SPE models have no such "
                           "limit", n=cfg.seq_len, model=cfg.init_from, limit=model_cfg.max_len)
