@@ -476,6 +476,26 @@ def test_a_piece_from_scratch_opens_on_a_note(tiny_checkpoint):
         assert names[:first_note].count("Bar") == 1, names[:first_note]
 
 
+def test_a_piece_rests_at_most_eight_bars_in_a_row(tiny_checkpoint):
+    """A model that would rather write empty bars than play still plays after MAX_QUIET_BARS of
+    them (a continuation of a silent intro once wrote 200 bars of chords alone)."""
+    from spemusic.generation.sampling import MAX_QUIET_BARS
+
+    model, tok = load_model(tiny_checkpoint)
+    prime, step = model.prime, model.step
+
+    def favour_bar(logits):
+        logits[..., tok.bar_id] += 30.0
+        return logits
+
+    model.prime = lambda ids, **kw: (lambda out: (favour_bar(out[0]), out[1]))(prime(ids, **kw))
+    model.step = lambda state, ids: (lambda out: (favour_bar(out[0]), out[1]))(step(state, ids))
+    for ids in sample(model, tok, num=2, length=80, seed=0).ids:
+        bars = " ".join(tok.ids_to_tokens(ids)).split("Bar")[1:]
+        played = [i for i, bar in enumerate(bars) if "Pitch" in bar]
+        assert len(played) >= 3 and max(np.diff(played)) == MAX_QUIET_BARS + 1, played
+
+
 def test_a_first_bar_holding_only_a_chord_is_no_opening():
     """A chord change may stand without a note, but not as the whole first bar of a piece from
     scratch (pop-piano once opened on a chord and 22 empty bars)."""

@@ -146,16 +146,23 @@ def within_training(mask: np.ndarray, trained: np.ndarray | None) -> np.ndarray:
     return kept if kept.any() else mask
 
 
+# the most bars in a row a piece may leave without a note: POP909's train songs rest at most 5 bars
+# once begun, and open on at most 8 in 99% of songs; a continuation of a silent intro had gone on
+# writing bars of chords alone, each bar's rest making the next one likelier, to its end
+MAX_QUIET_BARS = 8
+
+
 def next_token_mask(grammar: REMIGrammar, st: GrammarState, trained: np.ndarray | None, *, from_scratch: bool,
                     closing: bool = False) -> np.ndarray:
     """The tokens that may come next in a piece, by the rules `sample` and `stream_bars` share:
     the grammar, within the model's trained vocabulary; no EOS; and no bar without a note to open a
     piece from scratch (POP909's songs often open on rests, and the models learned it: a piece
     would open on empty bars; docs/measurements.md), nor an empty bar to end a --bars piece
-    (`closing`)."""
+    (`closing`), nor one more after `MAX_QUIET_BARS` without a note."""
     empty_bar = st.notes == st.notes_at_bar and st.last in (BAR, TIMESIG, TEMPO, REPEAT)
     opening = from_scratch and st.bars == 1 and st.notes == 0
-    mask = grammar.allowed(st, allow_eos=False, allow_bar=not (opening or (closing and empty_bar)))
+    too_quiet = st.quiet_bars >= MAX_QUIET_BARS and st.notes == st.notes_at_bar
+    mask = grammar.allowed(st, allow_eos=False, allow_bar=not (opening or too_quiet or (closing and empty_bar)))
     if trained is not None and grammar.melody >= 0 and not trained[grammar.melody]:
         grammar.without_melody(st, mask)
     return within_training(mask, trained)

@@ -84,6 +84,7 @@ class GrammarState:
                                   # parts' sweep begins: a Position at or before the last, a Chord, their Program)
     marks: int = 0                # Repeat marks in this bar so far (repeats: one opens each sweep)
     notes_at_bar: int = 0         # `notes` when this bar began
+    quiet_bars: int = 0           # bars in a row without a note just before this one
     melody_closed: bool = False   # repeats: a held melody's bar is complete; its second mark comes next
     filled: tuple = (False, False)  # repeats: this bar's melody sweep, its other parts' sweep hold a note (or chord)
     filled_before: tuple = ()     # repeats: `filled` of the bars before, the last first (as many as a mark reaches)
@@ -346,6 +347,7 @@ class REMIGrammar:
         if kind == BOS:
             st.last = BOS
         elif kind == BAR:
+            st.quiet_bars = st.quiet_bars + 1 if st.bars and st.notes == st.notes_at_bar else 0
             st.bars += 1
             st.pos = -1
             st.in_melody = self.melody_first
