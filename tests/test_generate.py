@@ -511,6 +511,11 @@ def test_a_first_bar_holding_only_a_chord_is_no_opening():
     assert grammar.allowed(st)[tok.bar_id]  # the grammar allows it ...
     assert not next_token_mask(grammar, st, None, from_scratch=True)[tok.bar_id]  # ... the opening does not
     assert next_token_mask(grammar, st, None, from_scratch=False)[tok.bar_id]
+    # nor the end of a --bars piece: its last Position holds a note, as the grammar's EOS asks
+    assert not next_token_mask(grammar, st, None, from_scratch=False, closing=True)[tok.bar_id]
+    for name in ("Program_0", "Pitch_60", "Velocity_10", "Duration_3"):
+        grammar.advance(st, tok.vocab.index(name))
+    assert next_token_mask(grammar, st, None, from_scratch=False, closing=True)[tok.bar_id]
 
 
 def test_a_piece_from_scratch_opens_in_its_most_likely_meter(tiny_checkpoint):

@@ -158,11 +158,14 @@ def next_token_mask(grammar: REMIGrammar, st: GrammarState, trained: np.ndarray 
     the grammar, within the model's trained vocabulary; no EOS; and no bar without a note to open a
     piece from scratch (POP909's songs often open on rests, and the models learned it: a piece
     would open on empty bars; docs/measurements.md), nor an empty bar to end a --bars piece
-    (`closing`), nor one more after `MAX_QUIET_BARS` without a note."""
-    empty_bar = st.notes == st.notes_at_bar and st.last in (BAR, TIMESIG, TEMPO, REPEAT)
+    (`closing`: its last bar line comes only where the piece could end, after a note), nor one more
+    after `MAX_QUIET_BARS` without a note."""
     opening = from_scratch and st.bars == 1 and st.notes == 0
     too_quiet = st.quiet_bars >= MAX_QUIET_BARS and st.notes == st.notes_at_bar
-    mask = grammar.allowed(st, allow_eos=False, allow_bar=not (opening or too_quiet or (closing and empty_bar)))
+    mask = grammar.allowed(st, allow_eos=closing, allow_bar=not (opening or too_quiet))
+    if closing:
+        mask[grammar.tok.bar_id] &= mask[grammar.tok.eos_id]
+        mask[grammar.tok.eos_id] = False
     if trained is not None and grammar.melody >= 0 and not trained[grammar.melody]:
         grammar.without_melody(st, mask)
     return within_training(mask, trained)

@@ -106,6 +106,8 @@ def _draw_notes(ax, tracks: list[tuple], names: list[str]) -> None:
         if p % 12 in BLACK_KEYS:
             ax.axhspan(p - 0.5, p + 0.5, color="#000000", alpha=0.045, lw=0)
     for i, ((start, end, pitch, vel), name) in enumerate(zip(tracks, names)):
+        if not len(start):  # (a track silent in these bars: an empty bar chart would take the legend's default colour)
+            continue
         rgba = np.tile(matplotlib.colors.to_rgba(TRACK_COLOURS[i % len(TRACK_COLOURS)]), (len(start), 1))
         rgba[:, 3] = 0.3 + 0.7 * vel / 127  # louder notes darker
         ax.barh(pitch, end - start, left=start, height=0.85, color=rgba, lw=0, label=name)
