@@ -366,7 +366,8 @@ def test_layout_flags_without_what_they_need_are_one_line_errors(run_cli, tmp_pa
     examples = Path(__file__).resolve().parents[1] / "data" / "examples"
     needs_chords = "--chord-every-bar needs --melody-first and --chords"
     for args, said in ((["--chord-every-bar"], needs_chords), (["--parts", "--melody-first", "--chord-every-bar"], needs_chords),
-                       (["--melody-first"], "--melody-first needs --parts")):
+                       (["--melody-first"], "--melody-first needs --parts"),
+                       (["--parts", "--melody-first", "--copies"], "--copies needs --repeats")):
         code, _, err = run_cli("data", "prepare", examples, "-o", tmp_path / "cache", *args)
         assert code != 0 and said in err and len(err.strip().splitlines()) == 1, err
         assert not (tmp_path / "cache").exists()
