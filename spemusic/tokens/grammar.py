@@ -415,8 +415,9 @@ class REMIGrammar:
         elif kind == REPEAT:
             st.marks += 1
             st.copy, st.copy_at = None, 0
-            if token >= self.copy_lo:
-                st.copy = st.swept_before[self.mark_lags[token - self.mark_lo] - 1][st.marks - 1]
+            lag = self.mark_lags[token - self.mark_lo] if token >= self.copy_lo else 0
+            if 0 < lag <= len(st.swept_before) and st.swept_before[lag - 1][st.marks - 1]:  # (a prompt's mark
+                st.copy = st.swept_before[lag - 1][st.marks - 1]  # may name a bar it no longer holds)
             if st.marks == 2:  # the other parts' sweep begins
                 st.in_melody, st.pos, st.melody_closed = False, -1, False
                 st.last_note, st.used, st.notes_here = (-1, -1, -1, -1), set(), 0
