@@ -612,7 +612,8 @@ def test_grammar_knows_where_the_sound_ends(shared_data):
     from spemusic.nn.checkpoint import load_model
 
     _, shipped = load_model("pop-piano")
-    tok = REMITokenizer(TokenizerConfig.from_dict({**shipped.config.to_dict(), "melody_first": False, "chord_every_bar": False}))
+    tok = REMITokenizer(TokenizerConfig.from_dict({**shipped.config.to_dict(), "melody_first": False, "chord_every_bar": False,
+                                                           "repeats": False, "copies": False}))
     pop = shared_data / "pop909"
     ids = tok.encode(pop / "003.mid", beats=pop / "beats" / "003.txt", chords=pop / "chords" / "003.txt")
     grid = note_grid(ids, tok)
