@@ -86,11 +86,9 @@ class GrammarState:
     notes_at_bar: int = 0         # `notes` when this bar began
     quiet_bars: int = 0           # bars in a row without a note just before this one
     melody_closed: bool = False   # repeats: a held melody's bar is complete; its second mark comes next
-    filled: tuple = (False, False)  # repeats: this bar's melody sweep, its other parts' sweep hold a note (or chord)
-    filled_before: tuple = ()     # repeats: `filled` of the bars before, the last first (as many as a mark reaches)
-    swept: tuple = field(default_factory=lambda: ([], []))  # copies: the tokens of this bar's melody sweep and
-                                  # other parts' sweep so far
-    swept_before: tuple = ()      # copies: `swept` of the bars before, the last first (as many as a mark reaches)
+    swept: tuple = field(default_factory=lambda: ([], []))  # repeats: the tokens of this bar's melody sweep and
+                                  # other parts' sweep so far (a sweep with any holds a note or a chord)
+    swept_before: tuple = ()      # repeats: `swept` of the bars before, the last first (as many as a mark reaches)
     copy: list | None = None      # copies: the sweep a copy mark in force names (None: no copy going on)
     copy_at: int = 0              # how many of its tokens the copy has written
     eos: bool = False
@@ -126,8 +124,8 @@ class REMIGrammar:
         self.chord_every_bar = tokenizer.config.chord_every_bar
         self.repeats = tokenizer.config.repeats
         self.mark_lo, self.mark_hi = r("Repeat") if self.repeats else (0, 0)
-        self.mark_lags = np.array(tokenizer._value_list[self.mark_lo:self.mark_hi])
-        self.longest_lag = int(self.mark_lags.max()) if self.repeats else 0
+        self.mark_lags = tokenizer.mark_lags.tolist()
+        self.longest_lag = max(self.mark_lags, default=0)
         self.copies = tokenizer.config.copies
         self.copy_lo = tokenizer._copy_first if self.copies else self.mark_hi
 
@@ -273,15 +271,18 @@ class REMIGrammar:
         """The Repeat marks allowed: ``Repeat_0``, and a lag whose bar had notes in this sweep (a
         mark names a bar to repeat; an empty sweep is never marked, and repeats none); a copy mark
         also needs that sweep's onsets to fit in this bar."""
-        sweep = min(st.marks, 1)
-        m[self.mark_lo:self.mark_hi] = [lag == 0 or (lag <= len(st.filled_before) and st.filled_before[lag - 1][sweep])
-                                        for lag in self.mark_lags]
-        for mark in range(self.copy_lo, self.mark_hi):
-            lag = self.mark_lags[mark - self.mark_lo]
-            if m[mark]:
-                source = np.array(st.swept_before[lag - 1][sweep])
-                onsets = source[(source >= self.pos_lo) & (source < self.pos_hi)]
-                m[mark] = len(source) > 0 and onsets.max(initial=self.pos_lo) - self.pos_lo < st.bar_len
+        for mark, lag in enumerate(self.mark_lags, start=self.mark_lo):
+            source = self._swept(st, lag, min(st.marks, 1))
+            m[mark] = lag == 0 or bool(source) and (mark < self.copy_lo or self._last_onset(source) < st.bar_len)
+
+    @staticmethod
+    def _swept(st: GrammarState, lag: int, sweep: int) -> list:
+        """The tokens of a sweep (0: the melody's, 1: the other parts') `lag` bars back (none: [])."""
+        return st.swept_before[lag - 1][sweep] if 0 < lag <= len(st.swept_before) else []
+
+    def _last_onset(self, sweep: list) -> int:
+        """The last onset of a sweep with notes, in grid steps (its last Position: they only go forward)."""
+        return next(t for t in reversed(sweep) if self.pos_lo <= t < self.pos_hi) - self.pos_lo
 
     def follow_copy(self, st: GrammarState, m: np.ndarray) -> None:
         """While a copy mark is in force, narrow the allowed tokens `m` (in place) to what the
@@ -342,7 +343,7 @@ class REMIGrammar:
         kind = int(self.kind_of[token]) if 0 <= token < self.V else PAD  # ids outside the vocabulary: ignored
         if kind == PAD:
             return
-        if self.copies and st.marks and kind not in (BAR, REPEAT, EOS):
+        if self.repeats and st.marks and kind not in (BAR, REPEAT, EOS):
             self._record(st, token, kind)
         if kind == BOS:
             st.last = BOS
@@ -354,10 +355,8 @@ class REMIGrammar:
             st.marks, st.notes_at_bar, st.melody_closed = 0, st.notes, False
             if self.repeats:
                 if st.bars > 1:
-                    st.filled_before = (st.filled, *st.filled_before[:self.longest_lag - 1])
-                    if self.copies:
-                        st.swept_before = (st.swept, *st.swept_before[:self.longest_lag - 1])
-                st.filled, st.swept, st.copy = (False, False), ([], []), None
+                    st.swept_before = (st.swept, *st.swept_before[:self.longest_lag - 1])
+                st.swept, st.copy = ([], []), None
             if st.sounding is not None:
                 st.sounding -= st.bar_len  # the bar that ends here
             st.bar_len = self.bar_steps.get(st.timesig, self.default_bar)
@@ -376,8 +375,6 @@ class REMIGrammar:
             st.chord_here = False
             st.last = POSITION
         elif kind == CHORD:
-            if st.marks == 2:
-                st.filled = (st.filled[0], True)
             st.in_melody = False
             st.chord = token
             st.chord_here = True
@@ -395,8 +392,6 @@ class REMIGrammar:
             st.used.add((st.note[0], token))
             st.notes_here += 1
             st.notes += 1
-            if st.marks:
-                st.filled = (True, st.filled[1]) if st.marks == 1 else (st.filled[0], True)
             st.last = PITCH
         elif kind == VELOCITY:
             st.note[2] = token
@@ -414,10 +409,9 @@ class REMIGrammar:
             st.last = NOTE_END
         elif kind == REPEAT:
             st.marks += 1
-            st.copy, st.copy_at = None, 0
-            lag = self.mark_lags[token - self.mark_lo] if token >= self.copy_lo else 0
-            if 0 < lag <= len(st.swept_before) and st.swept_before[lag - 1][st.marks - 1]:  # (a prompt's mark
-                st.copy = st.swept_before[lag - 1][st.marks - 1]  # may name a bar it no longer holds)
+            # (a prompt's copy mark may name a bar the prompt no longer holds: then no copy)
+            copied = self._swept(st, self.mark_lags[token - self.mark_lo], st.marks - 1) if token >= self.copy_lo else []
+            st.copy, st.copy_at = copied or None, 0
             if st.marks == 2:  # the other parts' sweep begins
                 st.in_melody, st.pos, st.melody_closed = False, -1, False
                 st.last_note, st.used, st.notes_here = (-1, -1, -1, -1), set(), 0

@@ -83,19 +83,20 @@ def mark_copies(ids: np.ndarray, tok) -> None:
     bars back, velocities aside, the copy mark of that lag (the longest, as for Repeat marks)."""
     kinds = tok.kinds[ids]
     marks = np.flatnonzero(kinds == REPEAT)
-    ends = np.flatnonzero(np.isin(kinds, (REPEAT, BAR, EOS)))
+    bounds = np.r_[np.flatnonzero(np.isin(kinds, (REPEAT, BAR, EOS))), len(ids)]
+    ends = bounds[np.searchsorted(bounds, marks, side="right")]  # each sweep ends at the next mark, Bar or EOS
     bar = np.cumsum(kinds == BAR)[marks]
-    sweep = np.r_[0, (bar[1:] == bar[:-1]).astype(np.int64)]
-    content = {}
-    for m, b, s in zip(marks.tolist(), bar.tolist(), sweep.tolist()):
-        end = int(ends[np.searchsorted(ends, m, side="right")]) if m < ends[-1] else len(ids)
-        content[b, s] = tuple(t for t, k in zip(ids[m + 1:end].tolist(), kinds[m + 1:end].tolist()) if k != VELOCITY)
+    sweep = np.r_[0, (bar[1:] == bar[:-1]).astype(np.int64)]  # a bar's second mark opens its other parts
+    kept = (kinds != VELOCITY).tolist()
+    tokens = ids.tolist()
+    content = {(b, s): tuple(t for t, k in zip(tokens[m + 1:e], kept[m + 1:e]) if k)
+               for m, e, b, s in zip(marks.tolist(), ends.tolist(), bar.tolist(), sweep.tolist())}
+    lags = REPEAT_LAGS[1:]
     for m, b, s in zip(marks.tolist(), bar.tolist(), sweep.tolist()):
         mine = content[b, s]
-        for i, lag in reversed(list(enumerate(REPEAT_LAGS))):
-            if lag and mine and content.get((b - lag, s)) == mine:
-                ids[m] = tok._copy_first + i - 1
-                break
+        lag = next((lag for lag in reversed(lags) if mine and content.get((b - lag, s)) == mine), 0)
+        if lag:
+            ids[m] = tok._copy_first + lags.index(lag)
 
 
 __all__ = ["REPEAT_LIKENESS", "mark_copies", "mark_ids", "repeat_lags", "unseen_to_none"]

@@ -146,8 +146,7 @@ def echo_head_config(bar_echo: bool, tokenizer: REMITokenizer) -> dict:
 
 def repeat_marks_config(tokenizer: REMITokenizer) -> list:
     """The model config's repeat_marks: [id, lag] of each of the tokenizer's Repeat marks."""
-    lo, hi = tokenizer.range("Repeat")
-    return [[i, int(tokenizer._value_list[i])] for i in range(lo, hi)]
+    return [[i, lag] for i, lag in enumerate(tokenizer.mark_lags.tolist(), start=tokenizer.range("Repeat")[0])]
 
 
 # the rows a fine-tune that adds the parts starts them from: the piano program POP909 was written in
