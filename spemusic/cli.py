@@ -562,6 +562,10 @@ TRAIN_OPTIONS = {
                   "the next token, each by how many of the last 16 tokens its lag named right: a repeated "
                   "phrase or a held pattern is copied once it holds. Needs --bar-echo or a model with it; "
                   "added to an --init-from model at zero.")),
+    "melody_head": ("Model", ("The bridge's and the piano's pitches are also scored as intervals from the melody "
+                    "note sounding there, and each bar's chord by the melody's pitch classes (the accompaniment "
+                    "follows the melody it cannot otherwise read sharply). Needs --melody-first and --bar-echo "
+                    "or a model with it; added to an --init-from model at zero.")),
     "recall_lr_scale": ("Optimisation", ("The --pitch-memory and --bar-echo tables learn this many times faster than "
                         "the rest (they start at zero).")),
     "max_len": ("Model", ("Longest sequence of an absolute PE (ape, sinusoidal, axial; axial-continuous is scaled "
@@ -669,6 +673,7 @@ def train(
     bar_echo: bool | None = _train_option("bar_echo", "--bar-echo/--no-bar-echo"),
     echo_bars: int | None = _train_option("echo_bars", "--echo-bars"),
     echo_head: bool | None = _train_option("echo_head", "--echo-head/--no-echo-head"),
+    melody_head: bool | None = _train_option("melody_head", "--melody-head/--no-melody-head"),
     recall_lr_scale: float | None = _train_option("recall_lr_scale", "--recall-lr-scale"),
     seed: int | None = _train_option("seed"),
     max_len: int | None = _train_option("max_len", "--max-len"),

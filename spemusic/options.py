@@ -96,6 +96,8 @@ class TrainConfig:
     echo_bars: int = 1           # with bar_echo: the bars it reads back, echoing what most of them had there
     echo_head: bool = False      # the echoes 1, 2, 4 and 8 bars back also scored as the next token, by how often
                                  # each was right lately (needs the bar echo; added at zero)
+    melody_head: bool = False    # the other parts' pitches scored as intervals from the melody sounding there,
+                                 # the chords by the bar's melody (needs melody first and the bar echo; at zero)
     recall_lr_scale: float = 10.0  # the stream features' tables learn this many times faster than the rest
 
     def check(self) -> None:

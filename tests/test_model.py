@@ -1003,3 +1003,97 @@ def test_bar_echo_over_several_bars_is_what_most_of_them_had_and_the_same_one_to
         m.bar_echo.weight.normal_(0.0, 1.0)
         full = m(ids)
     assert (_primed_then_stepped(m, ids, prompt=500, chunk=200) - full).abs().max().item() <= 1e-4
+
+
+def _melody_first_tokens() -> tuple:
+    """pop-piano's layout (melody first, a chord each bar) and two bars written by hand: bar 1's
+    melody C5 for a quarter at beat 1 and E5 from beat 3 to the bar's end, then its other parts;
+    bar 2 has no melody. Returns (tokenizer, ids (1, T), {name: index} of the tokens checked)."""
+    from spemusic.tokens.tokenizer import REMITokenizer, TokenizerConfig
+
+    tok = REMITokenizer(TokenizerConfig(chords=True, parts=True, melody_first=True, chord_every_bar=True))
+    dur = {int(s): f"Duration_{i}" for i, s in enumerate(tok.duration_steps)}
+    note = lambda part, pitch, steps: [f"Program_{part}", f"Pitch_{pitch}", "Velocity_20", dur[steps]]  # noqa: E731
+    words = ["BOS", "Bar", "TimeSig_4/4", "Tempo_10",
+             "Position_0", *note("melody", 72, 12), "Position_24", *note("melody", 76, 24),
+             "Position_0", "Chord_C:maj", *note("piano", 48, 24),           # C5 begins here
+             "Position_12", *note("piano", 55, 12),                           # no melody sounds
+             "Position_24", *note("bridge", 67, 12),                          # E5 begins here
+             "Position_36", *note("piano", 60, 12),                           # E5 still sounds
+             "Bar", "Position_0", "Chord_C:maj", *note("piano", 48, 48), "EOS"]  # no melody in bar 2
+    ids = torch.tensor([[tok.token_to_id[w] for w in words]])
+    at = {"p0": 14, "piano0": 16, "piano12": 21, "p24": 25, "bridge24": 26, "piano36": 31, "bar2piano": 38}
+    assert [words[i] for i in at.values()] == ["Position_0", "Program_piano", "Program_piano", "Position_24",
+                                              "Program_bridge", "Program_piano", "Program_piano"]
+    return tok, ids, at
+
+
+def test_melody_reads_find_the_melody_sounding_under_each_note_of_the_other_parts():
+    """The accompaniment's notes read the melody note sounding at their onset (and whether it begins
+    there), the chords the melody's pitch classes from there to the bar's end; the melody itself,
+    and a bar without melody, read nothing; one token at a time reads the same."""
+    from spemusic.nn.recall import echo_places, melody_reads
+    from spemusic.training.train import melody_head_config
+
+    tok, ids, at = _melody_first_tokens()
+    cfg = melody_head_config(True, tok)
+    first, *steps = cfg["melody_durations"]
+    durations = torch.zeros(len(tok), dtype=torch.long)
+    durations[first:first + len(steps)] = torch.tensor(steps)
+    parts = torch.tensor(cfg["melody_head"][1:])
+    args = (cfg["melody_head"][0], parts, cfg["pitch_range"], tok.range("Position"), durations)
+    key = echo_places(ids, tok.bar_id, tok.range("Position"))["key"]
+    anchor, table, profile = melody_reads(ids, key, ids.shape[1], *args)
+    # (slots: bridge 0, piano 1; table 2 * slot + 1 where the melody note begins at the onset)
+    assert (anchor[0, at["piano0"]].item(), table[0, at["piano0"]].item()) == (72, 3)
+    assert anchor[0, at["piano12"]].item() == -1  # C5 ended at step 12
+    assert (anchor[0, at["bridge24"]].item(), table[0, at["bridge24"]].item()) == (76, 1)
+    assert (anchor[0, at["piano36"]].item(), table[0, at["piano36"]].item()) == (76, 2)
+    assert anchor[0, at["bar2piano"]].item() == -1
+    readers = torch.zeros_like(anchor[0], dtype=torch.bool)
+    readers[[at["piano0"], at["bridge24"], at["piano36"]]] = True
+    assert (anchor[0, ~readers] == -1).all()
+    expected = {"p0": {0: 12 / 48, 4: 24 / 48}, "p24": {4: 24 / 48}, "piano36": {4: 12 / 48}}
+    for name, classes in expected.items():
+        want = torch.zeros(12)
+        for pc, v in classes.items():
+            want[pc] = v
+        assert torch.allclose(profile[0, at[name]], want), name
+    assert profile[0, :at["p0"]].abs().sum() == 0 and profile[0, at["bar2piano"]].abs().sum() == 0
+    # token by token over the growing stream (as the one-token step reads it, its last column)
+    for t in range(ids.shape[1]):
+        a, tb, p = melody_reads(ids[:, :t + 1], key[:, :t + 1], 1, *args)
+        assert (a[0, 0], tb[0, 0]) == (anchor[0, t], table[0, t]) and torch.equal(p[0, 0], profile[0, t])
+
+
+def test_melody_head_scores_the_accompaniment_by_the_melody_and_the_chords_by_its_pitch_classes():
+    """Added at zero it changes nothing; a score at an interval moves exactly that pitch, by the
+    melody sounding there; a chord quality's score at the root moves each chord of that quality by
+    how much of the melody is its root; the parallel pass and the steps agree."""
+    from dataclasses import replace
+
+    from spemusic.tokens.chords import QUALITIES
+    from spemusic.training.train import melody_head_config, widened
+
+    tok, ids, at = _melody_first_tokens()
+    torch.manual_seed(0)
+    base = Performer(ModelConfig.preset("tiny", vocab_size=len(tok), bar_echo=[tok.bar_id, *tok.range("Position")]))
+    m = widened(base.eval(), replace(base.cfg, **melody_head_config(True, tok))).eval()
+    base.resample(1), m.resample(1)
+    with torch.no_grad():
+        plain = m(ids)[0]
+        assert torch.equal(plain, base(ids)[0])
+        K = m.cfg.interval_reach
+        m.melody_head.weight[2, K - 16] = 3.0  # piano, E5 held: the pitch 16 semitones under it
+        m.chord_head.weight[list(QUALITIES).index("maj"), 0] = 2.0  # a major chord whose root the melody plays
+        scored = m(ids)[0]
+    moved = (scored - plain).abs() > 1e-6
+    pitch_lo = tok.range("Pitch")[0]
+    assert moved[at["piano36"], pitch_lo:pitch_lo + 128].nonzero().flatten().tolist() == [60]
+    up = (scored - plain)[at["p0"]]
+    assert up[tok.token_to_id["Chord_C:maj"]].item() == pytest.approx(2.0 * 12 / 48, abs=1e-5)
+    assert up[tok.token_to_id["Chord_E:maj"]].item() == pytest.approx(2.0 * 24 / 48, abs=1e-5)
+    assert up[tok.token_to_id["Chord_C:min"]].item() == pytest.approx(0.0, abs=1e-6)
+    assert set(moved[at["p0"]].nonzero().flatten().tolist()) == {tok.token_to_id["Chord_C:maj"],
+                                                                 tok.token_to_id["Chord_E:maj"]}
+    assert (_primed_then_stepped(m, ids, prompt=20, chunk=7)[0] - scored).abs().max().item() <= 1e-4

@@ -175,3 +175,24 @@ def test_repeat_marks_read_the_same_in_the_compiled_step_the_eager_step_and_the_
     compiled, eager, _, _ = _compiled_and_eager(m, ids, 2100)
     assert (compiled - marked[:, 2100:]).abs().max().item() <= 1e-4
     assert (eager - marked[:, 2100:]).abs().max().item() <= 1e-4
+
+
+def test_the_melody_head_reads_the_same_in_the_compiled_step_the_eager_step_and_the_parallel_pass(song, step_cache):
+    """A real song past the echo's context: the melody head's scores (the accompaniment by the melody
+    sounding, the chords by the melody's pitch classes) on every path alike; at zero, nothing."""
+    from spemusic.training.train import melody_head_config, widened
+
+    tok, ids = song
+    ids = ids[None, :2400]
+    base = _model(tok)
+    m = widened(base, replace(base.cfg, **melody_head_config(True, tok))).eval()
+    base.resample(5), m.resample(5)
+    with torch.no_grad():
+        assert torch.equal(m(ids), base(ids))
+        m.melody_head.weight.normal_(0.0, 1.0)
+        m.chord_head.weight.normal_(0.0, 1.0)
+        full = m(ids)
+    assert ((full - base(ids)).abs().amax(-1) > 0.1).sum() > 500  # the accompaniment's notes and chords
+    compiled, eager, _, _ = _compiled_and_eager(m, ids, 2100)
+    assert (compiled - full[:, 2100:]).abs().max().item() <= 1e-4
+    assert (eager - full[:, 2100:]).abs().max().item() <= 1e-4

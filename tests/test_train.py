@@ -485,15 +485,23 @@ def test_pitch_memory_and_bar_echo_fine_tune(run_cli, pop_subset, pop_cache, tmp
         assert code == 1 and f"{flag} needs parts" in err and "Traceback" not in err
     code, _, err = run_cli("train", pop_cache, "-o", tmp_path / "x", "--preset", "tiny", "--dropout", 1.5, "--steps", 1)
     assert code == 1 and "--dropout must be in [0, 1)" in err and "Traceback" not in err
-    # a melody-first layout goes through each bar twice: its echo reads each pass from its own
+    # a melody-first layout goes through each bar twice: its echo reads each pass from its own; the
+    # melody head reads the bar's melody under the other parts (no chords here: no chord table)
     first = tmp_path / "melody-first"
     prepare(pop_subset, first, workers=1, config=TokenizerConfig(parts=True, melody_first=True))
-    code, _, err = run_cli("train", first, "-o", tmp_path / "y", "--preset", "tiny", "--bar-echo", "--steps", 2,
-                           "--seq-len", 128, "--batch-size", 2, "--val-every", 2, "--dropout", 0.1)
+    code, _, err = run_cli("train", first, "-o", tmp_path / "y", "--preset", "tiny", "--bar-echo", "--melody-head",
+                           "--steps", 2, "--seq-len", 128, "--batch-size", 2, "--val-every", 2, "--dropout", 0.1)
     assert code == 0, err
     model, tok = load_model(tmp_path / "y" / "last")
     assert model.cfg.bar_echo == [tok.bar_id, *tok.range("Position")] and tok.config.melody_first
     assert model.cfg.dropout == 0.1 and not model.training  # (dropout in training only)
+    assert model.cfg.melody_head == [tok.token_to_id[f"Program_{p}"] for p in ("melody", "bridge", "piano")]
+    assert model.melody_head.weight.abs().sum() > 0 and model.chord_head is None
+    for data, flags, message in ((cache, ("--bar-echo",), "--melody-head needs each bar's melody first: add "
+                                  "--melody-first"), (first, (), "--melody-head needs the bar echo: add --bar-echo")):
+        code, _, err = run_cli("train", data, "-o", tmp_path / "x", "--preset", "tiny", "--melody-head", *flags,
+                               "--steps", 1)
+        assert code == 1 and message in err and "Traceback" not in err, err
 
 
 def test_a_fine_tune_adds_repeat_marks_with_their_rows_fitted(pop_subset, tmp_path):

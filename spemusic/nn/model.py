@@ -42,7 +42,16 @@ from spemusic.nn.attention import (
 from spemusic.nn.compiled import compiled
 from spemusic.nn.fused import gelu_linear, norm_linear
 from spemusic.nn.positional import AbsolutePE, build_absolute_pe
-from spemusic.nn.recall import add_echo_scores, echo_features, interval_anchor, pitch_memory as memory_rows
+from spemusic.nn.recall import (
+    add_echo_scores,
+    chord_scores,
+    echo_features,
+    echo_places,
+    interval_anchor,
+    interval_scores,
+    melody_reads,
+    pitch_memory as memory_rows,
+)
 from spemusic.nn.recurrent import LayerPlan, State, build_plan
 from spemusic.nn.spe import ConvSPE, SineSPE, SPECodes, SPEFilter, mix_seed
 from spemusic.options import (  # noqa: F401  (re-exported: the configs' choices)
@@ -112,7 +121,13 @@ class ModelConfig:
     # each mark token; where a mark names a lag, the echo is that lag's and the echo head scores
     # that lag from a table of its own (spemusic.tokens.repeats). Echo kinds: [lo, hi) id ranges
     # (Pitch, Duration, …) whose candidates the echo head scores from tables of their own (a pitch
-    # repeats more surely than its velocity); every other candidate from the first.
+    # repeats more surely than its velocity); every other candidate from the first. Melody head
+    # (needs the bar echo and melody-first bars; recall.melody_reads): [melody Program id, the
+    # Program ids of the parts that read it]; each such part's next Pitch is also scored as an
+    # interval from the melody pitch sounding there (up to `interval_reach`), from one table per
+    # part and whether that melody note begins there; `melody_durations` [first Duration id, the
+    # grid steps of each]; `melody_chords` [first Chord id, qualities]: the Chord ids, root by
+    # root, each scored by the bar's melody pitch classes relative to its root (a table per quality).
     pitch_memory: list = field(default_factory=list)
     pitch_range: list = field(default_factory=lambda: [0, 0])
     bar_echo: list = field(default_factory=list)
@@ -124,6 +139,9 @@ class ModelConfig:
     echo_window: int = 16
     repeat_marks: list = field(default_factory=list)
     echo_kinds: list = field(default_factory=list)
+    melody_head: list = field(default_factory=list)
+    melody_durations: list = field(default_factory=list)
+    melody_chords: list = field(default_factory=list)
 
     def __post_init__(self):
         if self.attention not in ATTENTION_OPTIONS:
@@ -150,8 +168,21 @@ class ModelConfig:
             raise SpemusicError(f"model config: interval_reach must be an integer in 1 … 127, not {self.interval_reach!r}")
         if self.interval_head and not (isinstance(self.bar_id, int) and 0 <= self.bar_id < self.vocab_size):
             raise SpemusicError(f"model config: an interval head needs the Bar id (bar_id), not {self.bar_id!r}")
+        if self.melody_head:
+            if not (ids_ok(self.melody_head) and 2 <= len(self.melody_head) <= 8 and self.bar_echo):
+                raise SpemusicError(f"model config: melody_head must be [melody Program id, part Program ids] on a "
+                                    f"model with the bar echo, not {self.melody_head!r}")
+            d = self.melody_durations
+            if not (isinstance(d, list) and 2 <= len(d) <= 257 and all(isinstance(i, int) and i >= 0 for i in d)
+                    and d[0] + len(d) - 1 <= self.vocab_size):
+                raise SpemusicError(f"model config: melody_durations must be [first Duration id, steps of each], not {d!r}")
+            c = self.melody_chords
+            if c and not (isinstance(c, list) and len(c) == 2 and all(isinstance(i, int) for i in c) and 1 <= c[1] <= 16
+                          and 0 <= c[0] and c[0] + 12 * c[1] <= self.vocab_size):
+                raise SpemusicError(f"model config: melody_chords must be [first Chord id, qualities], not {c!r}")
         lo_hi = self.pitch_range
-        if (self.pitch_memory or self.interval_head) and not (ids_ok(lo_hi) and len(lo_hi) == 2 and lo_hi[1] - lo_hi[0] == 128):
+        pitches_ok = ids_ok(lo_hi) and len(lo_hi) == 2 and lo_hi[1] - lo_hi[0] == 128
+        if (self.pitch_memory or self.interval_head or self.melody_head) and not pitches_ok:
             raise SpemusicError(f"model config: pitch_range must be the 128 Pitch ids [lo, hi), not {lo_hi!r}")
         if self.bar_echo and not (ids_ok(self.bar_echo) and len(self.bar_echo) == 3
                                   and self.bar_echo[1] < self.bar_echo[2]):
@@ -199,7 +230,9 @@ class ModelConfig:
         absolute = self.max_len * d if self.pe in ("ape", "sinusoidal") else 0
         recall = 129 * len(self.pitch_memory) + (self.vocab_size + 1 if self.bar_echo else 0)
         heads = (2 * len(self.interval_head) * (2 * self.interval_reach + 2)
-                 + len(self.echo_head) * (self.echo_window + 1) * self.echo_tables * (len(self.echo_kinds) + 1))
+                 + len(self.echo_head) * (self.echo_window + 1) * self.echo_tables * (len(self.echo_kinds) + 1)
+                 + 2 * len(self.melody_head[1:]) * (2 * self.interval_reach + 2)
+                 + 12 * (self.melody_chords[1] if self.melody_chords else 0))
         return (self.vocab_size + recall) * d + heads + L * per_block + spe + absolute
 
     @property
@@ -506,6 +539,22 @@ class Performer(nn.Module):
                                           (cfg.echo_window + 1) * cfg.echo_tables * (len(cfg.echo_kinds) + 1))
             nn.init.zeros_(self.echo_head.weight)  # added to a trained model, it changes nothing at first
             self.register_buffer("echo_kind_offsets", cfg.echo_kind_offsets(), persistent=False)
+        self.melody_head: nn.Embedding | None = None
+        self.chord_head: nn.Embedding | None = None
+        if cfg.melody_head:  # row 2 * part + the melody note begins here; columns as the interval head's
+            self.melody_head = nn.Embedding(2 * len(cfg.melody_head[1:]), 2 * cfg.interval_reach + 2)
+            nn.init.zeros_(self.melody_head.weight)  # added to a trained model, it changes nothing at first
+            self.register_buffer("melody_parts", torch.tensor(cfg.melody_head[1:]), persistent=False)
+            first, *steps = cfg.melody_durations
+            durations = torch.zeros(cfg.vocab_size, dtype=torch.long)
+            durations[first:first + len(steps)] = torch.tensor(steps)
+            self.register_buffer("melody_durations", durations, persistent=False)
+            self.register_buffer("pitches", torch.arange(128), persistent=False)
+            if cfg.melody_chords:  # row q: quality q; column i: the pitch class i semitones above the root
+                self.chord_head = nn.Embedding(cfg.melody_chords[1], 12)
+                nn.init.zeros_(self.chord_head.weight)
+                # roots[r, i]: the pitch class i semitones above root r
+                self.register_buffer("roots", (torch.arange(12)[:, None] + torch.arange(12)) % 12, persistent=False)
         self.drop = nn.Dropout(cfg.dropout)
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
         self.ln_f = nn.LayerNorm(cfg.d_model)
@@ -564,7 +613,8 @@ class Performer(nn.Module):
     @property
     def recalls(self) -> bool:
         """Whether the model reads features off its own stream (spemusic.nn.recall), carried in State.recall."""
-        return self.pitch_memory is not None or self.bar_echo is not None or self.interval_head is not None
+        return (self.pitch_memory is not None or self.bar_echo is not None or self.interval_head is not None
+                or self.melody_head is not None)
 
     def embed(self, ids: torch.Tensor, start: int, carry: dict | None = None) -> tuple:
         """Token ids (B, T) at positions start.. -> ((B, T, d) with the absolute PE, if any, and
@@ -593,6 +643,12 @@ class Performer(nn.Module):
             x = x + self.bar_echo(echo).to(x.dtype)
             if head is not None:
                 reads["echo"] = head
+            if self.melody_head is not None:
+                tail = carry.get("echo")
+                seq = ids if tail is None else torch.cat([tail, ids], 1)
+                key = echo_places(seq, bar_id, (lo, hi))["key"]
+                reads["melody"] = melody_reads(seq, key, ids.shape[1], self.cfg.melody_head[0], self.melody_parts,
+                                               self.cfg.pitch_range, (lo, hi), self.melody_durations)
         return self.drop(x), after, reads or None
 
     def head(self, x: torch.Tensor, reads: dict | None = None) -> torch.Tensor:
@@ -605,17 +661,32 @@ class Performer(nn.Module):
             logits = self.add_intervals(logits, reads["interval"])
         if reads and "echo" in reads:
             logits = add_echo_scores(logits, self.echo_head.weight, *reads["echo"], self.echo_kind_offsets)
+        if reads and "melody" in reads:
+            logits = self.add_melody(logits, reads["melody"])
         return logits
+
+    def add_melody(self, logits: torch.Tensor, melody) -> torch.Tensor:
+        """logits (…, V) + the melody head's scores (recall.melody_reads' `melody` = (anchor, table,
+        profile)): each Pitch p of a part at p - the melody pitch sounding there, and each Chord by
+        the melody's pitch classes relative to its root, in its quality's table."""
+        anchor, table, profile = melody
+        lo = self.cfg.pitch_range[0]
+        logits = torch.cat([logits[..., :lo], logits[..., lo:lo + 128] + interval_scores(
+            self.melody_head.weight, self.pitches, anchor, table, self.cfg.interval_reach).to(logits.dtype),
+            logits[..., lo + 128:]], -1)
+        if self.chord_head is None:
+            return logits
+        first, Q = self.cfg.melody_chords
+        scores = chord_scores(profile, self.roots, self.chord_head.weight)  # (…, 12 * Q)
+        return torch.cat([logits[..., :first], logits[..., first:first + 12 * Q] + scores.to(logits.dtype),
+                          logits[..., first + 12 * Q:]], -1)
 
     def add_intervals(self, logits: torch.Tensor, anchor) -> torch.Tensor:
         """logits (…, V) + the interval head's score of each Pitch p: that of p - pitch in the
         table `anchor` = (pitch, table) (each (…)) names, where pitch >= 0."""
         pitch, table = anchor
-        K = self.cfg.interval_reach
         lo = self.cfg.pitch_range[0]
-        interval = self.pitches - pitch[..., None]  # (…, 128)
-        which = torch.where(interval.abs() <= K, interval + K, 2 * K + 1)
-        scores = self.interval_head(table).gather(-1, which) * (pitch >= 0)[..., None]
+        scores = interval_scores(self.interval_head.weight, self.pitches, pitch, table, self.cfg.interval_reach)
         return torch.cat([logits[..., :lo], logits[..., lo:lo + 128] + scores.to(logits.dtype),
                           logits[..., lo + 128:]], -1)
 

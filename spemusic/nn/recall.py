@@ -29,6 +29,14 @@ they change nothing until training moves them.
   names a lag, the bar echo is that lag's echo, exactly, and the echo head scores that lag from
   a second table: "this bar repeats the one 8 back" is then read, not guessed from agreement.
 
+* Melody reads (melody first: every bar's melody is written before its other parts): where a
+  token of the other parts' pass sits in its bar, the melody pitch sounding there and the
+  melody's pitch classes over the bar from there on. The model's melody head scores the
+  accompaniment's next pitch as an interval from that melody pitch, and the bar's chord by those
+  pitch classes (spemusic.nn.model). Teacher-forced, v8 scored the accompaniment's pitches within
+  0.001 nats and the chords within 0.02 whether or not the melody was moved by a fourth: linear
+  attention does not read the bar's melody, 20-200 tokens back, sharply enough to follow it.
+
 * Interval anchor: where a token opens a note of a part (its Program), the last pitch that part
   wrote. The model's interval head (spemusic.nn.model) scores the coming Pitch as an interval from
   it as well as a pitch. Fed the same pitch as an input (the pitch memory), a fine-tuned model did
@@ -48,6 +56,10 @@ ECHO_PLACES = 128
 # passes through one bar told apart: a melody-first bar goes through its positions twice (the
 # melody, then the other parts); a time-ordered bar once
 ECHO_SWEEPS = 4
+# the melody notes of a bar the melody reads look through (a 4/4 bar holds 48 steps of 12 a beat)
+MELODY_NOTES = 48
+# the span of melody the chord reads weigh, from the token's position on: a bar of 4/4, in steps
+MELODY_SPAN = 48
 
 
 def _held_pitches(ids: torch.Tensor, carry: torch.Tensor, programs: torch.Tensor, pitch_range) -> tuple:
@@ -247,5 +259,69 @@ def most_held(echoes: torch.Tensor, none_id: int) -> torch.Tensor:
     return echoes.gather(-1, (votes * K + nearest_first).argmax(-1, keepdim=True))[..., 0]
 
 
-__all__ = ["ECHO_CONTEXT", "add_echo_scores", "bar_echo", "echo_back", "echo_features", "echo_places", "interval_anchor",
-           "mark_in_force", "mark_lags", "marked_rows", "most_held", "named_right", "pitch_memory"]
+def melody_reads(seq: torch.Tensor, key: torch.Tensor, T: int, melody_id: int, parts: torch.Tensor, pitch_range,
+                 position_range, durations: torch.Tensor) -> tuple:
+    """For the last T tokens of seq (B, N), with their keys (echo_places'; -1 before the first Bar),
+    what each reads of its bar's melody (a token of a bar's second pass or later: the other parts,
+    once the whole bar's melody is written; others read nothing):
+    * anchor (B, T): where the token is one of the `parts` Program ids (its pitch comes next), the
+      melody pitch (0-127) sounding at its position (the latest melody note of the bar begun at or
+      before it and not ended), else -1;
+    * table (B, T): there, 2 * the part's slot + 1 where that melody note begins at this position;
+    * profile (B, T, 12): the melody's pitch classes over the next MELODY_SPAN steps of the bar from
+      the token's position, in bars of 4/4 (steps / 48).
+    `durations` (V,): the grid steps of each Duration id (0 for other ids); a note's duration is
+    the token two after its pitch."""
+    B, N = seq.shape
+    lo, hi = pitch_range
+    npos = position_range[1] - position_range[0] + 1
+    width = ECHO_SWEEPS * npos * ECHO_PLACES
+    bar = torch.where(key >= 0, key // width, -1)
+    sweep = (key % width) // (npos * ECHO_PLACES)
+    step = (key % width) // ECHO_PLACES % npos - 1  # the onset's grid step in the bar (-1: before one)
+    before = torch.cat([seq.new_full((B, 1), -1), seq[:, :-1]], 1)
+    is_note = (seq >= lo) & (seq < hi) & (before == melody_id) & (key >= 0)
+    t = torch.arange(N, device=seq.device).expand(B, N)
+    length = durations[seq.gather(1, (t + 2).clamp(max=N - 1)).clamp(min=0)]
+    # the notes in stream order: note_at[:, r] the index of the r-th (the rest: N, unused)
+    rank = is_note.long().cumsum(1)
+    note_at = seq.new_full((B, N + 1), N).scatter_(1, torch.where(is_note, rank - 1, N), t)
+    # each reader's last MELODY_NOTES notes, the latest first
+    r = rank[:, -T:, None] - 1 - torch.arange(MELODY_NOTES, device=seq.device)  # (B, T, M)
+    j = note_at.gather(1, r.clamp(min=0).view(B, -1)).clamp(max=N - 1).view(B, T, MELODY_NOTES)
+    at = lambda x: x.gather(1, j.view(B, -1)).view(B, T, MELODY_NOTES)  # noqa: E731
+    q_bar, q_step = bar[:, -T:, None], step[:, -T:, None]
+    mine = (r >= 0) & (at(bar) == q_bar) & (sweep[:, -T:, None] >= 1) & (q_bar >= 0)
+    onset, end = at(step), at(step) + at(length)
+    covers = mine & (onset <= q_step) & (q_step < end)
+    first = covers.long().argmax(-1, keepdim=True)  # the latest note sounding (m = 0 is the latest)
+    slot = seq[:, -T:, None] == parts  # (B, T, S)
+    sounding = covers.any(-1) & slot.any(-1)
+    anchor = torch.where(sounding, (at(seq) - lo).gather(-1, first)[..., 0], -1)
+    begins = (onset.gather(-1, first)[..., 0] == q_step[..., 0]).long()
+    table = torch.where(sounding, (slot.long() * torch.arange(parts.shape[0], device=seq.device)).sum(-1) * 2 + begins, 0)
+    weight = (torch.minimum(end, q_step + MELODY_SPAN) - torch.maximum(onset, q_step)).clamp(min=0) * mine
+    profile = seq.new_zeros(B, T, 12, dtype=torch.float32).scatter_add_(-1, (at(seq) - lo) % 12,
+                                                                          weight.float() / MELODY_SPAN)
+    return anchor, table, profile
+
+
+def interval_scores(rows: torch.Tensor, pitches: torch.Tensor, anchor: torch.Tensor, table: torch.Tensor,
+                    reach: int) -> torch.Tensor:
+    """(…, 128) the score of each pitch p as the interval p - anchor (…) in row `table` (…) of
+    `rows` (n, 2 * reach + 2): column interval + reach, the last for every farther one; 0 where
+    anchor < 0. `pitches`: arange(128)."""
+    interval = pitches - anchor[..., None]
+    which = torch.where(interval.abs() <= reach, interval + reach, 2 * reach + 1)
+    return rows[table].gather(-1, which) * (anchor >= 0)[..., None]
+
+
+def chord_scores(profile: torch.Tensor, roots: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """(…, 12 * Q) each chord's score, root by root then quality: its quality's row of `rows`
+    (Q, 12) against the pitch-class profile (…, 12) read from its root (`roots`[r, i] = (r + i) % 12)."""
+    return (profile[..., roots] @ rows.T.to(profile.dtype)).flatten(-2)
+
+
+__all__ = ["ECHO_CONTEXT", "add_echo_scores", "bar_echo", "chord_scores", "echo_back", "echo_features", "echo_places",
+           "interval_anchor", "interval_scores", "mark_in_force", "mark_lags", "marked_rows", "melody_reads", "most_held",
+           "named_right", "pitch_memory"]

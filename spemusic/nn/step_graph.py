@@ -145,15 +145,21 @@ def _intervals(ids: torch.Tensor, iv: dict, P: dict) -> None:
 
 
 def _input(ids: torch.Tensor, t: torch.Tensor, x: torch.Tensor, code: torch.Tensor | None,
-           carry: dict | None, iv: dict | None, P: dict) -> None:
+           carry: dict | None, iv: dict | None, mh: dict | None, P: dict) -> None:
     """The token ids (B,) at position t () float64 -> x (B, d): its embedding (and bar echo); code
     (2, H, D, R): the sineSPE code [Q̄_t; K̄_t] (SineSPE.code_at); with an interval head, where it
-    reads (`_intervals`). Written in place."""
+    reads (`_intervals`); with a melody head, what it reads of the bar's melody (recall.melody_reads
+    over the echo's carried tokens and keys, this one's last). Written in place."""
     if iv is not None:
         _intervals(ids, iv, P)
     emb = P["tok"][ids]
     if carry is not None:
         emb = emb + P["echo_rows"][_echo(ids, carry, P["echo_cfg"])]
+    if mh is not None:
+        anchor, table, profile = recall.melody_reads(carry["ids"], carry["keys"], 1, *P["melody_cfg"])
+        mh["anchor"].copy_(anchor[:, 0])
+        mh["table"].copy_(table[:, 0])
+        mh["profile"].copy_(profile[:, 0])
     x.copy_(emb)
     if code is not None:
         _, H, D, R = code.shape
@@ -191,10 +197,11 @@ def _layer(x: torch.Tensor, S: torch.Tensor, hist: torch.Tensor | None, code: to
     x.copy_(h + _linear(F.gelu(_linear(_norm(h, L["ln2"]), *L["ff1"])), *L["ff2"]))
 
 
-def _head(x: torch.Tensor, iv: dict | None, eh: dict | None, P: dict) -> tuple[torch.Tensor, torch.Tensor]:
+def _head(x: torch.Tensor, iv: dict | None, eh: dict | None, mh: dict | None, P: dict) -> tuple[torch.Tensor, torch.Tensor]:
     """-> (logits (B, V), the final-normed state (B, d)); with an interval head, its scores added
     to the Pitch logits (Performer.add_intervals); with an echo head, to its candidates'
-    (recall.add_echo_scores; `eh`: the echo's carry as `_echo` left it)."""
+    (recall.add_echo_scores; `eh`: the echo's carry as `_echo` left it); with a melody head, to
+    the Pitch and Chord logits (Performer.add_melody; `mh` as `_input` wrote it)."""
     h = _norm(x, P["ln_f"])
     logits = _linear(h, P["tok"], None)
     if eh is not None:
@@ -206,6 +213,14 @@ def _head(x: torch.Tensor, iv: dict | None, eh: dict | None, P: dict) -> tuple[t
         which = torch.where(interval.abs() <= K, interval + K, 2 * K + 1)
         scores = rows[iv["table"]].gather(-1, which) * (iv["anchor"] >= 0)[:, None]
         logits = torch.cat([logits[:, :lo], logits[:, lo:lo + 128] + scores, logits[:, lo + 128:]], 1)
+    if mh is not None:
+        lo, K = P["interval_reach"] if iv is not None else P["melody_reach"]
+        scores = recall.interval_scores(P["melody_rows"], torch.arange(128), mh["anchor"], mh["table"], K)
+        logits = torch.cat([logits[:, :lo], logits[:, lo:lo + 128] + scores, logits[:, lo + 128:]], 1)
+        if "chord_rows" in P:
+            first, Q = P["melody_chords"]
+            scores = recall.chord_scores(mh["profile"], P["roots"], P["chord_rows"])
+            logits = torch.cat([logits[:, :first], logits[:, first:first + 12 * Q] + scores, logits[:, first + 12 * Q:]], 1)
     return logits, h
 
 
@@ -343,6 +358,17 @@ class StepGraph:
                 P["echo_kind_offsets"] = model.echo_kind_offsets
                 self.eh = {k: self.carry[k] for k in ("cands", "got", "marked") if k in self.carry}
             state.recall = {**(state.recall or {}), "echo": self.carry["ids"]}  # the same tensor, kept current
+        self.mh = None
+        if model.melody_head is not None:
+            P.update(melody_cfg=(cfg.melody_head[0], model.melody_parts, tuple(cfg.pitch_range), tuple(cfg.bar_echo[1:]),
+                                 model.melody_durations),
+                     melody_rows=detach(model.melody_head.weight.float()),
+                     melody_reach=(cfg.pitch_range[0], cfg.interval_reach))
+            if model.chord_head is not None:
+                P.update(chord_rows=detach(model.chord_head.weight.float()), roots=model.roots,
+                         melody_chords=tuple(cfg.melody_chords))
+            self.mh = {"anchor": torch.zeros(B, dtype=torch.long), "table": torch.zeros(B, dtype=torch.long),
+                       "profile": torch.zeros(B, 12)}
         self.ids = torch.zeros(B, dtype=torch.long)
         self.t = torch.zeros((), dtype=torch.float64)
         self.x = torch.zeros(B, cfg.d_model)
@@ -365,10 +391,11 @@ class StepGraph:
             layers.append(L)
         hist = lambda i: state.histories[i] if cfg.short_conv else None  # noqa: E731
         tag = f"{cfg.vocab_size}v{cfg.n_layers}x{cfg.d_model}-b{B}-{str(plan.weights_dtype).split('.')[-1]}"
-        self.input = _Program(_input, (self.ids, self.t, self.x, self.code, self.carry, self.iv, P), f"input-{tag}")
+        self.input = _Program(_input, (self.ids, self.t, self.x, self.code, self.carry, self.iv, self.mh, P),
+                              f"input-{tag}")
         self.layers = [_Program(_layer, (self.x, state.layers[i], hist(i), self.code, L), f"layer-{tag}")
                        for i, L in enumerate(layers)]
-        self.head = _Program(_head, (self.x, self.iv, self.eh, P), f"head-{tag}")
+        self.head = _Program(_head, (self.x, self.iv, self.eh, self.mh, P), f"head-{tag}")
 
     @torch.no_grad()
     def __call__(self, state: State, next_ids: torch.Tensor, want_hidden: bool = False):

@@ -55,7 +55,8 @@ def export(src: Path, dest: Path, name: str, data: Path, credit: str, command: s
     recall = "".join(text for key, text in (("pitch_memory", ", pitch memory of the parts"),
                                                     ("interval_head", ", each part's pitch also scored as an interval"),
                                                     ("bar_echo", echo),
-                                                    ("echo_head", ", the echoes 1-8 bars back also scored as the next token"))
+                                                    ("echo_head", ", the echoes 1-8 bars back also scored as the next token"),
+                                                    ("melody_head", ", the accompaniment and chords also scored by the melody"))
                      if cfg.get(key))
     sampling_flag = f" --sampling {','.join(f'{k}={v:g}' for k, v in sampling.items())}" if sampling else ""
     card = f"""# {name}

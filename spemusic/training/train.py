@@ -30,6 +30,7 @@ from ..nn import checkpoint, compiled
 from ..nn.device import pick_device, pick_dtype
 from ..nn.model import ModelConfig, Performer
 from ..options import PRESETS, TrainConfig, check_layout
+from ..tokens.chords import QUALITIES
 from ..tokens.tokenizer import PARTS, REMITokenizer, TokenizerConfig
 from ..words import count
 from .data import TokenCache, WindowSampler, fixed_windows, open_dataset, trained_vocabulary
@@ -144,6 +145,20 @@ def echo_head_config(bar_echo: bool, tokenizer: REMITokenizer) -> dict:
     return {"echo_head": ECHO_HEAD_LAGS, "echo_kinds": [list(tokenizer.range(kind)) for kind in ECHO_KINDS]}
 
 
+def melody_head_config(bar_echo: bool, tokenizer: REMITokenizer) -> dict:
+    """The model config fields of a melody head (spemusic.nn.recall.melody_reads): the bridge's and
+    the piano's pitches read the melody, the chords (with chord tokens) its pitch classes."""
+    if not tokenizer.config.melody_first:
+        raise OptionError("{melody_head} needs each bar's melody first: add {melody_first}")
+    if not bar_echo:
+        raise OptionError("{melody_head} needs the bar echo: add {bar_echo}")
+    parts = [tokenizer.token_to_id[f"Program_{p}"] for p in PARTS]
+    durations = [tokenizer.range("Duration")[0], *(int(s) for s in tokenizer.duration_steps)]
+    chords = [tokenizer.range("Chord")[0], len(QUALITIES)] if tokenizer.config.chords else []
+    return {"melody_head": parts, "melody_durations": durations, "melody_chords": chords,
+            "pitch_range": list(tokenizer.range("Pitch"))}
+
+
 def repeat_marks_config(tokenizer: REMITokenizer) -> list:
     """The model config's repeat_marks: [id, lag] of each of the tokenizer's Repeat marks."""
     return [[i, lag] for i, lag in enumerate(tokenizer.mark_lags.tolist(), start=tokenizer.range("Repeat")[0])]
@@ -167,7 +182,7 @@ def widened(model: Performer, cfg: ModelConfig) -> Performer:
     if widen_echo_head:
         state.pop("echo_head.weight")
     missing, unexpected = new.load_state_dict(state, strict=False)
-    added = RECALL_PARAMETERS + INTERVAL_PARAMETERS + ECHO_HEAD_PARAMETERS
+    added = RECALL_PARAMETERS + INTERVAL_PARAMETERS + ECHO_HEAD_PARAMETERS + MELODY_HEAD_PARAMETERS
     assert not unexpected and all(n.endswith(".shift") or n in added for n in missing), (missing, unexpected)
     with torch.no_grad():
         if widen_echo_head:  # the Repeat marks' table and each kind's start as the head's own: nothing changes
@@ -222,6 +237,9 @@ INTERVAL_PARAMETERS, INTERVAL_LR_SCALE = ("interval_head.weight",), 100.0
 # The echo head is smaller still (a score per lag and agreement, read by every token), and its
 # scores must reach several nats (a copy that held for 16 tokens) within a hundred steps.
 ECHO_HEAD_PARAMETERS, ECHO_HEAD_LR_SCALE = ("echo_head.weight",), 600.0
+# The melody head's tables (an interval's score per part, a pitch class's per chord quality) are
+# read as often as the interval head's, and start at zero as it did.
+MELODY_HEAD_PARAMETERS = ("melody_head.weight", "chord_head.weight")
 
 
 def build_optimizer(model: Performer, lr: float, weight_decay: float, device: torch.device,
@@ -231,7 +249,7 @@ def build_optimizer(model: Performer, lr: float, weight_decay: float, device: to
     tensors) on CPUs as on GPUs: on a CPU the default foreach form took several times longer per
     optimizer step."""
     recall = [p for n, p in model.named_parameters() if n in RECALL_PARAMETERS]
-    intervals = [p for n, p in model.named_parameters() if n in INTERVAL_PARAMETERS]
+    intervals = [p for n, p in model.named_parameters() if n in INTERVAL_PARAMETERS + MELODY_HEAD_PARAMETERS]
     echo_head = [p for n, p in model.named_parameters() if n in ECHO_HEAD_PARAMETERS]
     own = {id(p) for p in recall + intervals + echo_head}
     decay, no_decay = ([p for p in group if id(p) not in own] for group in decay_groups(model))
@@ -582,7 +600,8 @@ def model_config(run: Run, base_model: Performer | None, tokenizer: REMITokenize
                   **(interval_head_config(tokenizer) if cfg.interval_head else {}),
                   **(bar_echo_config(tokenizer, cfg.echo_bars) if cfg.bar_echo else {}),
                   **(echo_head_config(cfg.bar_echo, tokenizer) if cfg.echo_head else {}),
-                  **({"repeat_marks": repeat_marks_config(tokenizer)} if cfg.bar_echo and cfg.repeats else {})}
+                  **({"repeat_marks": repeat_marks_config(tokenizer)} if cfg.bar_echo and cfg.repeats else {}),
+                  **(melody_head_config(cfg.bar_echo, tokenizer) if cfg.melody_head else {})}
         extra = {"short_conv": cfg.short_conv} if cfg.short_conv >= 0 else {}
         extra.update({"dropout": cfg.dropout} if cfg.dropout >= 0 else {})
         return ModelConfig.preset(cfg.preset, vocab_size=len(tokenizer), **recall, pe=cfg.pe, gated=cfg.gated,
@@ -605,6 +624,8 @@ def model_config(run: Run, base_model: Performer | None, tokenizer: REMITokenize
         model_cfg = replace(model_cfg, **echo_head_config(bool(model_cfg.bar_echo), tokenizer))
     if tokenizer.config.repeats and model_cfg.bar_echo and len(model_cfg.repeat_marks) != len(tokenizer.mark_lags):
         model_cfg = replace(model_cfg, repeat_marks=repeat_marks_config(tokenizer))  # added, or the copy marks added
+    if cfg.melody_head and not model_cfg.melody_head:
+        model_cfg = replace(model_cfg, **melody_head_config(bool(model_cfg.bar_echo), tokenizer))
     if model_cfg.has_absolute_pe and cfg.seq_len > model_cfg.max_len:
         raise OptionError("{seq_len} {n} is past {model}'s absolute positions ({limit}); SPE models have no such "
                           "limit", n=cfg.seq_len, model=cfg.init_from, limit=model_cfg.max_len)
