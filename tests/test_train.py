@@ -497,8 +497,9 @@ def test_pitch_memory_and_bar_echo_fine_tune(run_cli, pop_subset, pop_cache, tmp
     assert model.cfg.dropout == 0.1 and not model.training  # (dropout in training only)
     assert model.cfg.melody_head == [tok.token_to_id[f"Program_{p}"] for p in ("melody", "bridge", "piano")]
     assert model.melody_head.weight.abs().sum() > 0 and model.chord_head is None
-    for data, flags, message in ((cache, ("--bar-echo",), "--melody-head needs each bar's melody first: add "
-                                  "--melody-first"), (first, (), "--melody-head needs the bar echo: add --bar-echo")):
+    refusals = ((cache, ("--bar-echo",), "--melody-head needs each bar's melody first: add --melody-first"),
+                (first, (), "--melody-head needs the bar echo: add --bar-echo"))
+    for data, flags, message in refusals:
         code, _, err = run_cli("train", data, "-o", tmp_path / "x", "--preset", "tiny", "--melody-head", *flags,
                                "--steps", 1)
         assert code == 1 and message in err and "Traceback" not in err, err

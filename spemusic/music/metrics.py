@@ -326,7 +326,22 @@ def part_summary(ids, tok: REMITokenizer) -> dict:
         out["bass_fourth_fifth"] = float(np.mean((moves == 5) | (moves == 7))) if len(moves) else nan
     else:
         out["bass_fourth_fifth"] = nan
+    out["melody_on_top"] = melody_on_top(g, melody)
+    out["melody_clashes"] = melody_clashes(g, melody, ~melody) if melody.any() else nan
     return out
+
+
+def melody_on_top(g: NoteGrid, melody: np.ndarray) -> float:
+    """Share of the melody's notes that sound above every note of the other parts sounding at
+    their onset (among those with such a note): a tune heard over its accompaniment. NaN without."""
+    other = ~melody & ~g.drum
+    start, end = g.onset[other], g.onset[other] + np.maximum(g.dur[other], 1)
+    above = []
+    for onset, pitch in zip(g.onset[melody], g.pitch[melody]):
+        under = g.pitch[other][(start <= onset) & (onset < end)]
+        if len(under):
+            above.append(pitch > under.max())
+    return float(np.mean(above)) if above else float("nan")
 
 
 def style_histogram(g: NoteGrid, sel: np.ndarray | None = None) -> np.ndarray:

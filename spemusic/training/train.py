@@ -237,9 +237,11 @@ INTERVAL_PARAMETERS, INTERVAL_LR_SCALE = ("interval_head.weight",), 100.0
 # The echo head is smaller still (a score per lag and agreement, read by every token), and its
 # scores must reach several nats (a copy that held for 16 tokens) within a hundred steps.
 ECHO_HEAD_PARAMETERS, ECHO_HEAD_LR_SCALE = ("echo_head.weight",), 600.0
-# The melody head's tables (an interval's score per part, a pitch class's per chord quality) are
-# read as often as the interval head's, and start at zero as it did.
-MELODY_HEAD_PARAMETERS = ("melody_head.weight", "chord_head.weight")
+# The melody head's tables (an interval's score per part, a pitch class's per chord quality) start
+# at zero and must reach nats within a few hundred steps; a chord's score is its table against the
+# fraction of the bar each pitch class sounds, so its entries must reach several nats: at the
+# interval head's rate they had moved 0.3 in 60 steps, still growing in a straight line.
+MELODY_HEAD_PARAMETERS, MELODY_HEAD_LR_SCALE = ("melody_head.weight", "chord_head.weight"), 600.0
 
 
 def build_optimizer(model: Performer, lr: float, weight_decay: float, device: torch.device,
@@ -249,9 +251,10 @@ def build_optimizer(model: Performer, lr: float, weight_decay: float, device: to
     tensors) on CPUs as on GPUs: on a CPU the default foreach form took several times longer per
     optimizer step."""
     recall = [p for n, p in model.named_parameters() if n in RECALL_PARAMETERS]
-    intervals = [p for n, p in model.named_parameters() if n in INTERVAL_PARAMETERS + MELODY_HEAD_PARAMETERS]
+    intervals = [p for n, p in model.named_parameters() if n in INTERVAL_PARAMETERS]
+    melody_head = [p for n, p in model.named_parameters() if n in MELODY_HEAD_PARAMETERS]
     echo_head = [p for n, p in model.named_parameters() if n in ECHO_HEAD_PARAMETERS]
-    own = {id(p) for p in recall + intervals + echo_head}
+    own = {id(p) for p in recall + intervals + echo_head + melody_head}
     decay, no_decay = ([p for p in group if id(p) not in own] for group in decay_groups(model))
     groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     if recall:
@@ -260,6 +263,8 @@ def build_optimizer(model: Performer, lr: float, weight_decay: float, device: to
         groups.append({"params": intervals, "weight_decay": 0.0, "lr": lr * INTERVAL_LR_SCALE})
     if echo_head:
         groups.append({"params": echo_head, "weight_decay": 0.0, "lr": lr * ECHO_HEAD_LR_SCALE})
+    if melody_head:
+        groups.append({"params": melody_head, "weight_decay": 0.0, "lr": lr * MELODY_HEAD_LR_SCALE})
     return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.95), fused=device.type in ("cuda", "cpu"))
 
 
