@@ -188,12 +188,13 @@ def parts(generated, continued, real, tok) -> dict:
     return means
 
 
-def accompany_check(model, tok, valid_paths, opts, seed: int, chart=None) -> dict:
+def accompany_check(model, tok, valid_paths, opts, seed: int, chart=None, named=None) -> dict:
     """Accompany the real melody of each valid song (its first ACCOMPANY_BARS bars from its first
     bar with melody, and the bars before it, on its beats), as `spemusic accompany` does: on the
     chart `chart(melody_ids)` draws (the model's harmonizer), on the song's own chords (those in
     force at each bar line, as `--chords` gives them), and with --no-harmonize (the model names
-    each bar's chord as it writes). For each: how often the accompaniment alone (bridge
+    each bar's chord as it writes from the melody's first bar on, `named(melody_ids)` the chords
+    before it; without a harmonizer, every one). For each: how often the accompaniment alone (bridge
     and piano, duration-weighted) has the song's annotated chord as its best template match,
     next to the song's own PIANO track by the same matcher; its pitch-class profile against that
     track's; the share of the melody's time a semitone off the accompaniment, next to the song's;
@@ -253,11 +254,12 @@ def accompany_check(model, tok, valid_paths, opts, seed: int, chart=None) -> dic
                           for b in range(shift, shift + bars)]}
         if chart is not None:
             given["charted"] = chart(cut)
+            given["named"] = named(cut)
         for mode in modes:
-            chords = given.get(mode)  # ("named": None, the model names them)
+            chords = given.get(mode)  # (None: the model names them all)
             ids = sample(model, tok, num=1, bars=bars, seed=seed + 4000 + i, options=opts,
                          parts=("melody", "bridge", "piano"), held=hold_melody(cut, tok), chords=chords,
-                         chord_strength=CHORD_STRENGTH if chords else 0.0).ids[0]
+                         chord_strength=CHORD_STRENGTH if chords else 0.0).ids[0]  # (named: the chart's bars only)
             g = note_grid(ids, tok)
             h, c = chord_match(g, asked, notes=g.prog != melody_id)
             tally[mode][0] += h
@@ -276,7 +278,7 @@ def accompany_check(model, tok, valid_paths, opts, seed: int, chart=None) -> dic
     print(f"  {'song (MELODY, PIANO)':<40} chord match {real:.3f} of {tally['real'][1]:<4} "
           f"{'':>17} clashes {np.nanmean(clashes['real']):.3f}")
     labels = {"charted": "on the harmonizer's chart (default)", "song": "on the song's own chords (--chords)",
-              "named": "chords named as it writes"}
+              "named": "chords named as it writes (--no-harmonize)"}
     result = {"songs": len(valid_paths), "piano_track_match": real,
               "melody_clashes_real": float(np.nanmean(clashes["real"]))}
     for mode in modes:
@@ -340,10 +342,11 @@ def pop_piano(args, opts) -> dict:
     if tok.config.parts:
         part_means = parts(generated, continued, real, tok)
         files = sorted(pop / e["path"] for e in cache.files("valid"))
-        from spemusic.music.harmony import chart_melody
+        from spemusic.music.harmony import chart_melody, melody_chords
 
         chart = (lambda ids: chart_melody(model, ids, tok)) if model.harmony_file else None
-        accompanied = accompany_check(model, tok, files[: args.pieces], opts, args.seed, chart=chart)
+        named = (lambda ids: melody_chords(model, ids, tok, harmonize=False)) if model.harmony_file else None
+        accompanied = accompany_check(model, tok, files[: args.pieces], opts, args.seed, chart=chart, named=named)
     result = {"model": str(args.pop_model), "generated": gen_m, "continued": cont_m, "real": real_m,
               "tracks_max": int(max(tracks)), "top_p": opts.top_p, "bar_top_p": opts.bar_top_p, "temperature": opts.temperature,
               "onset_top_p": opts.onset_top_p, "repeat": opts.repeat, "hole_penalty": opts.hole_penalty,

@@ -1301,7 +1301,8 @@ def accompany(
                                          "chart drawn from the whole melody by the model's harmonizer]"),
     harmonize: bool = typer.Option(True, "--harmonize/--no-harmonize", help="Without --chords: chart one chord per "
                                    "bar from the whole melody first (the model's harmony.json), then play it; "
-                                   "--no-harmonize: the model names each bar's chord as it writes."),
+                                   "--no-harmonize: the model names each bar's chord as it writes, from the "
+                                   "melody's first bar on (the bars before it keep the chart's)."),
     chord_strength: float = typer.Option(CHORD_STRENGTH, "--chord-strength", help="With --chords or a chart: nats "
                                          "added to the bar's chord tones wherever a pitch is sampled (0: the chord "
                                          "tokens alone)."),
@@ -1357,7 +1358,12 @@ def accompany(
     pieces = _sampling_with_progress(run, total=None, num=num, tok=tok, prompt=None,
                                      quiet=as_json and not sys.stderr.isatty())
     if config.chords is None and pieces.chart is not None:
-        err.print(f"chords (charted from the melody, one per bar): {' '.join(pieces.chart)}")
+        charted = [c for c in pieces.chart if c is not None]
+        if len(charted) == len(pieces.chart):
+            err.print(f"chords (charted from the melody, one per bar): {' '.join(charted)}")
+        elif charted:
+            err.print(f"chords charted for the {count(len(charted), 'bar')} before the melody: {' '.join(charted)}; "
+                      f"the model names the rest")
     midis, rows, extras = _write_pieces(paths, pieces, tok, title=f"{model}, seed {config.seed}", png=png,
                                         soundfont=soundfont if audio else None, overwrite=overwrite)
     _report(rows, pieces.result, config.seed, as_json, midis, 0, False, by_length=False, extras=extras)

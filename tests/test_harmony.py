@@ -153,3 +153,39 @@ def test_accompany_plays_the_chart_and_names_it(tmp_path):
     r = runner.invoke(app, ["accompany", EXAMPLE, "-o", str(tmp_path / "b.mid"), "--seed", "3", "--threads", "1",
                             "--no-harmonize"])
     assert r.exit_code == 0 and "charted" not in r.output
+
+
+def test_without_the_harmonizer_the_model_names_the_chords_once_the_melody_plays(tmp_path):
+    """--no-harmonize: the bars before the melody's first note (which tell the model nothing of its
+    key) take the chart's chords, and the model names every later bar's own, after its melody."""
+    import miditoolkit
+
+    from spemusic import load_model
+    from spemusic.generation.accompany import load_melody
+    from spemusic.generation.pieces import accompany
+    from spemusic.music.harmony import melody_chords
+
+    source = miditoolkit.MidiFile(EXAMPLE)
+    late = miditoolkit.MidiFile(EXAMPLE)  # the same tune two bars later
+    shift = 2 * 4 * source.ticks_per_beat
+    for inst in late.instruments:
+        for n in inst.notes:
+            n.start, n.end = n.start + shift, n.end + shift
+    path = tmp_path / "late.mid"
+    late.dump(str(path))
+    model, tok = load_model("pop-piano")
+    melody = load_melody(str(path), tok)
+    chart = chart_melody(model, melody.ids, tok)
+    chords = melody_chords(model, melody.ids, tok, harmonize=False)
+    assert chords == chart[:2] + [None] * (len(chart) - 2)
+    assert melody_chords(model, melody.ids, tok) == chart
+    assert melody_chords(model, load_melody(EXAMPLE, tok).ids, tok, harmonize=False) is None  # opens the piece
+    ids = accompany(model, tok, melody, seed=3, harmonize=False).result.ids[0]
+    names = [tok.vocab[int(t)][len("Chord_"):] for t in ids if tok.vocab[int(t)].startswith("Chord_")]
+    assert names[:2] == chart[:2]  # (a chord on every bar, and none other in a charted bar)
+    from spemusic.cli import app
+
+    r = CliRunner().invoke(app, ["accompany", str(path), "-o", str(tmp_path / "a.mid"), "--seed", "3", "--threads",
+                                 "1", "--no-harmonize"])
+    said = f"chords charted for the 2 bars before the melody: {' '.join(chart[:2])}; the model names the rest"
+    assert r.exit_code == 0 and said in r.output, r.output

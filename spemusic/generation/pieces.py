@@ -74,12 +74,13 @@ def accompany(model: Performer, tokenizer: REMITokenizer, melody, config: Genera
     """`config.num` accompaniments of a melody (accompany.load_melody), as long as it: the melody
     held as written, token by token, the model writing `parts` under it (default: bridge and
     piano) on `chords` (one per bar, repeating), else on the chart its harmonizer draws from the
-    whole melody (`harmonize`, harmony.chart_melody; without, the model names each bar's chord
-    as it writes). Each MIDI file holds the user's melody track exactly as it was, and the new
-    parts on the melody file's timeline. `Pieces.chart`: the chords played (None: the model's own)."""
+    whole melody (`harmonize`; without, the model names each bar's chord as it writes, from the
+    melody's first bar on: harmony.melody_chords). Each MIDI file holds the user's melody track
+    exactly as it was, and the new parts on the melody file's timeline. `Pieces.chart`: the
+    chords played (None where the model named its own)."""
     import io
 
-    from ..music.harmony import chart_melody
+    from ..music.harmony import melody_chords
     from .accompany import hold_melody, with_accompaniment
 
     config = GenerationConfig.of(config, **settings)
@@ -87,8 +88,8 @@ def accompany(model: Performer, tokenizer: REMITokenizer, melody, config: Genera
     if "melody" in parts:
         raise ValueError("accompany writes the parts under the melody, not the melody")
     chords = config.chords
-    if chords is None and harmonize:
-        charted = chart_melody(model, melody.ids, tokenizer)  # None: the model ships no harmonizer
+    if chords is None:
+        charted = melody_chords(model, melody.ids, tokenizer, harmonize)  # None: the model ships no harmonizer
         chords = None if charted is None else tuple(charted)
     config = replace(config.for_model(model), bars=melody.bars, length=None, chords=chords, parts=("melody", *parts))
     result = sample(model, tokenizer, config, held=hold_melody(melody.ids, tokenizer), on_token=on_token,

@@ -192,12 +192,13 @@ def banned_parts(tokenizer: REMITokenizer, parts: tuple[str, ...] | None) -> np.
     return banned
 
 
-def chord_ids(tokenizer: REMITokenizer, names: list[str]) -> list[int]:
-    """Token ids of chord names (vocabulary names such as ``"A:min"``, or ``"N"``)."""
+def chord_ids(tokenizer: REMITokenizer, names: list[str | None]) -> list[int | None]:
+    """Token ids of chord names (vocabulary names such as ``"A:min"``, or ``"N"``; None, a bar
+    whose chord the model names, stays None)."""
     if not tokenizer.config.chords:
         raise OptionError("this model has no chord tokens, so {chords} cannot steer it (the default pop-piano has "
                           "them)")
-    return [tokenizer.token_to_id[f"Chord_{n}"] for n in names]
+    return [None if n is None else tokenizer.token_to_id[f"Chord_{n}"] for n in names]
 
 
 def opening_tokens(tokenizer: REMITokenizer, meter: str | None = None,
@@ -223,15 +224,16 @@ def opening_tokens(tokenizer: REMITokenizer, meter: str | None = None,
     return meter_id, tempo_id
 
 
-def chord_tones(tokenizer: REMITokenizer, names: list[str]) -> np.ndarray:
-    """(len(names), V) float32: 1 on the Pitch tokens whose pitch class is a tone of each chord."""
+def chord_tones(tokenizer: REMITokenizer, names: list[str | None]) -> np.ndarray:
+    """(len(names), V) float32: 1 on the Pitch tokens whose pitch class is a tone of each chord
+    (none for N, or None: the model's own chord)."""
     from ..tokens.chords import QUALITIES, ROOTS
 
     lo, hi = tokenizer.range("Pitch")
     pitch_class = np.array([int(tokenizer.vocab[i].split("_")[1]) % 12 for i in range(lo, hi)])
     tones = np.zeros((len(names), len(tokenizer)), dtype=np.float32)
     for row, name in enumerate(names):
-        if name != "N":
+        if name not in ("N", None):
             root, quality = name.split(":")
             pcs = [(ROOTS.index(root) + iv) % 12 for iv in QUALITIES[quality]]
             tones[row, lo:hi] = np.isin(pitch_class, pcs)
@@ -304,7 +306,8 @@ def auto_step_dtype(device, batch: int) -> torch.dtype:
 @dataclass
 class _Steering:
     """What the user asked of the pieces beyond the grammar, as masks and logit offsets: a chord
-    progression (one chord per bar, repeating; its tones favoured by `chord_strength` nats), the
+    progression (one chord per bar, repeating, None where the model names the bar's own; its tones
+    favoured by `chord_strength` nats), the
     opening meter and tempo, and the number of bars."""
     grammar: REMIGrammar
     trained: np.ndarray | None            # the model's trained vocabulary (next_token_mask)
@@ -326,8 +329,9 @@ class _Steering:
         """The tokens allowed next in a piece in grammar state `st`, `bars_started` bars in."""
         mask = next_token_mask(self.grammar, st, self.trained, from_scratch=from_scratch,
                                closing=self.bars is not None and bars_started >= self.bars)
-        if self.forced is not None:
-            force_chord(mask, st, self.forced[(bars_started - 1) % len(self.forced)], self.grammar)
+        chord = None if self.forced is None else self.forced[(bars_started - 1) % len(self.forced)]
+        if chord is not None:  # (None: a bar whose chord the model names)
+            force_chord(mask, st, chord, self.grammar)
         if self.meter_id is not None and st.last == BAR:  # the asked meter, held for the whole piece
             if st.bars == 1:
                 mask[:] = False

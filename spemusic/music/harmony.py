@@ -303,6 +303,25 @@ def chart_melody(model, melody_ids, tokenizer) -> list[str] | None:
     return None if path is None else _harmonizer(path).chart(bars_of(melody_ids, tokenizer))
 
 
+def melody_chords(model, melody_ids, tokenizer, harmonize: bool = True) -> list[str | None] | None:
+    """The chords `accompany` plays under a melody (its tokens), one per bar: the harmonizer's
+    chart (`chart_melody`); or, not `harmonize`, None from the melody's first bar on (the model
+    names each bar's chord after hearing its melody) and the chart before it: bars that precede
+    the melody tell the model nothing of its key, and it holds the key it chose there. None: the
+    model names every chord (it ships no harmonizer, or the melody opens the piece)."""
+    import numpy as np
+
+    chart = chart_melody(model, melody_ids, tokenizer)
+    if chart is None or harmonize:
+        return chart
+    ids = np.asarray(melody_ids)
+    notes = np.flatnonzero(ids == tokenizer.part_id("melody"))
+    if not len(notes):
+        return chart
+    first = int(np.count_nonzero(ids[: notes[0]] == tokenizer.bar_id)) - 1  # the melody's first bar
+    return list(chart[:first]) + [None] * (len(chart) - first) if first > 0 else None
+
+
 def _triad(index: int) -> tuple[int, str]:
     root, q = divmod(index, len(Q))
     return root, TRIAD[Q[q]]
