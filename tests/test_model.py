@@ -1064,6 +1064,17 @@ def test_melody_reads_find_the_melody_sounding_under_each_note_of_the_other_part
     for t in range(ids.shape[1]):
         a, tb, p = melody_reads(ids[:, :t + 1], key[:, :t + 1], 1, *args)
         assert (a[0, 0], tb[0, 0]) == (anchor[0, t], table[0, t]) and torch.equal(p[0, 0], profile[0, t])
+    # the melody's own next pitch reads its register: the mean of its last 16 pitches (from 4 on)
+    dur = {int(s): f"Duration_{i}" for i, s in enumerate(tok.duration_steps)}
+    pitches = [60, 62, 64, 65, 67, 69]
+    words = ["BOS", "Bar", "TimeSig_4/4"] + [w for i, p in enumerate(pitches) for w in (
+        f"Position_{6 * i}", "Program_melody", f"Pitch_{p}", "Velocity_20", dur[6])]
+    ids = torch.tensor([[tok.token_to_id[w] for w in words]])
+    key = echo_places(ids, tok.bar_id, tok.range("Position"))["key"]
+    anchor, table, _ = melody_reads(ids, key, ids.shape[1], *args)
+    opens = [i for i, w in enumerate(words) if w == "Program_melody"]
+    assert anchor[0, opens].tolist() == [-1, -1, -1, -1, round(sum(pitches[:4]) / 4), round(sum(pitches[:5]) / 5)]
+    assert table[0, opens[-1]].item() == 2 * len(parts)
 
 
 def test_melody_head_scores_the_accompaniment_by_the_melody_and_the_chords_by_its_pitch_classes():

@@ -125,7 +125,8 @@ class ModelConfig:
     # (needs the bar echo and melody-first bars; recall.melody_reads): [melody Program id, the
     # Program ids of the parts that read it]; each such part's next Pitch is also scored as an
     # interval from the melody pitch sounding there (up to `interval_reach`), from one table per
-    # part and whether that melody note begins there; `melody_durations` [first Duration id, the
+    # part and whether that melody note begins there, and the melody's from its register (one
+    # more table); `melody_durations` [first Duration id, the
     # grid steps of each]; `melody_chords` [first Chord id, qualities]: the Chord ids, root by
     # root, each scored by the bar's melody pitch classes relative to its root (a table per quality).
     pitch_memory: list = field(default_factory=list)
@@ -231,7 +232,7 @@ class ModelConfig:
         recall = 129 * len(self.pitch_memory) + (self.vocab_size + 1 if self.bar_echo else 0)
         heads = (2 * len(self.interval_head) * (2 * self.interval_reach + 2)
                  + len(self.echo_head) * (self.echo_window + 1) * self.echo_tables * (len(self.echo_kinds) + 1)
-                 + 2 * len(self.melody_head[1:]) * (2 * self.interval_reach + 2)
+                 + (2 * len(self.melody_head[1:]) + 1) * (2 * self.interval_reach + 2)
                  + 12 * (self.melody_chords[1] if self.melody_chords else 0))
         return (self.vocab_size + recall) * d + heads + L * per_block + spe + absolute
 
@@ -541,8 +542,9 @@ class Performer(nn.Module):
             self.register_buffer("echo_kind_offsets", cfg.echo_kind_offsets(), persistent=False)
         self.melody_head: nn.Embedding | None = None
         self.chord_head: nn.Embedding | None = None
-        if cfg.melody_head:  # row 2 * part + the melody note begins here; columns as the interval head's
-            self.melody_head = nn.Embedding(2 * len(cfg.melody_head[1:]), 2 * cfg.interval_reach + 2)
+        if cfg.melody_head:  # row 2 * part + the melody note begins here, the last the melody's register;
+            # columns as the interval head's
+            self.melody_head = nn.Embedding(2 * len(cfg.melody_head[1:]) + 1, 2 * cfg.interval_reach + 2)
             nn.init.zeros_(self.melody_head.weight)  # added to a trained model, it changes nothing at first
             self.register_buffer("melody_parts", torch.tensor(cfg.melody_head[1:]), persistent=False)
             first, *steps = cfg.melody_durations
@@ -667,8 +669,9 @@ class Performer(nn.Module):
 
     def add_melody(self, logits: torch.Tensor, melody) -> torch.Tensor:
         """logits (…, V) + the melody head's scores (recall.melody_reads' `melody` = (anchor, table,
-        profile)): each Pitch p of a part at p - the melody pitch sounding there, and each Chord by
-        the melody's pitch classes relative to its root, in its quality's table."""
+        profile)): each Pitch p of a part at p - the melody pitch sounding there (the melody's at p
+        - its register), and each Chord by the melody's pitch classes relative to its root, in its
+        quality's table."""
         anchor, table, profile = melody
         lo = self.cfg.pitch_range[0]
         logits = torch.cat([logits[..., :lo], logits[..., lo:lo + 128] + interval_scores(

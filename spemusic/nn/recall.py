@@ -60,6 +60,9 @@ ECHO_SWEEPS = 4
 MELODY_NOTES = 48
 # the span of melody the chord reads weigh, from the token's position on: a bar of 4/4, in steps
 MELODY_SPAN = 48
+# the melody's register, where its next note is read against: the mean of its last notes (at
+# least REGISTER_LEAST of them)
+REGISTER_NOTES, REGISTER_LEAST = 16, 4
 
 
 def _held_pitches(ids: torch.Tensor, carry: torch.Tensor, programs: torch.Tensor, pitch_range) -> tuple:
@@ -263,11 +266,13 @@ def melody_reads(seq: torch.Tensor, key: torch.Tensor, T: int, melody_id: int, p
                  position_range, durations: torch.Tensor) -> tuple:
     """For the last T tokens of seq (B, N), with their keys (echo_places'; -1 before the first Bar),
     what each reads of its bar's melody (a token of a bar's second pass or later: the other parts,
-    once the whole bar's melody is written; others read nothing):
+    once the whole bar's melody is written; others read nothing), and the melody of its register:
     * anchor (B, T): where the token is one of the `parts` Program ids (its pitch comes next), the
       melody pitch (0-127) sounding at its position (the latest melody note of the bar begun at or
-      before it and not ended), else -1;
-    * table (B, T): there, 2 * the part's slot + 1 where that melody note begins at this position;
+      before it and not ended); where it is `melody_id`, the melody's register (the mean of its
+      last REGISTER_NOTES pitches, rounded; with at least REGISTER_LEAST); else -1;
+    * table (B, T): 2 * the part's slot + 1 where that melody note begins at this position; the
+      melody's own: 2 * len(parts);
     * profile (B, T, 12): the melody's pitch classes over the next MELODY_SPAN steps of the bar from
       the token's position, in bars of 4/4 (steps / 48).
     `durations` (V,): the grid steps of each Duration id (0 for other ids); a note's duration is
@@ -300,6 +305,11 @@ def melody_reads(seq: torch.Tensor, key: torch.Tensor, T: int, melody_id: int, p
     anchor = torch.where(sounding, (at(seq) - lo).gather(-1, first)[..., 0], -1)
     begins = (onset.gather(-1, first)[..., 0] == q_step[..., 0]).long()
     table = torch.where(sounding, (slot.long() * torch.arange(parts.shape[0], device=seq.device)).sum(-1) * 2 + begins, 0)
+    recent = (r[..., :REGISTER_NOTES] >= 0).long()  # (integer means: the same on every path)
+    count, total = recent.sum(-1), ((at(seq)[..., :REGISTER_NOTES] - lo) * recent).sum(-1)
+    register = (seq[:, -T:] == melody_id) & (count >= REGISTER_LEAST)
+    anchor = torch.where(register, (2 * total + count) // (2 * count).clamp(min=1), anchor)
+    table = torch.where(register, 2 * parts.shape[0], table)
     weight = (torch.minimum(end, q_step + MELODY_SPAN) - torch.maximum(onset, q_step)).clamp(min=0) * mine
     profile = seq.new_zeros(B, T, 12, dtype=torch.float32).scatter_add_(-1, (at(seq) - lo) % 12,
                                                                           weight.float() / MELODY_SPAN)
