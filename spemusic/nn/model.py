@@ -126,9 +126,9 @@ class ModelConfig:
     # Program ids of the parts that read it]; each such part's next Pitch is also scored as an
     # interval from the melody pitch sounding there (up to `interval_reach`), from one table per
     # part and whether that melody note begins there, and the melody's from its register (one
-    # more table); `melody_durations` [first Duration id, the
-    # grid steps of each]; `melody_chords` [first Chord id, qualities]: the Chord ids, root by
-    # root, each scored by the bar's melody pitch classes relative to its root (a table per quality).
+    # more table); `melody_durations` [first Duration id, the grid steps of each];
+    # `melody_chords` [first Chord id, qualities]: the Chord ids, root by root, each scored by
+    # the bar's melody pitch classes relative to its root (a table per quality).
     pitch_memory: list = field(default_factory=list)
     pitch_range: list = field(default_factory=lambda: [0, 0])
     bar_echo: list = field(default_factory=list)
@@ -232,7 +232,7 @@ class ModelConfig:
         recall = 129 * len(self.pitch_memory) + (self.vocab_size + 1 if self.bar_echo else 0)
         heads = (2 * len(self.interval_head) * (2 * self.interval_reach + 2)
                  + len(self.echo_head) * (self.echo_window + 1) * self.echo_tables * (len(self.echo_kinds) + 1)
-                 + (2 * len(self.melody_head[1:]) + 1) * (2 * self.interval_reach + 2)
+                 + ((2 * len(self.melody_head) - 1) * (2 * self.interval_reach + 2) if self.melody_head else 0)
                  + 12 * (self.melody_chords[1] if self.melody_chords else 0))
         return (self.vocab_size + recall) * d + heads + L * per_block + spe + absolute
 
