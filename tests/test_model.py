@@ -1108,3 +1108,16 @@ def test_melody_head_scores_the_accompaniment_by_the_melody_and_the_chords_by_it
     assert set(moved[at["p0"]].nonzero().flatten().tolist()) == {tok.token_to_id["Chord_C:maj"],
                                                                  tok.token_to_id["Chord_E:maj"]}
     assert (_primed_then_stepped(m, ids, prompt=20, chunk=7)[0] - scored).abs().max().item() <= 1e-4
+
+
+def test_melody_head_config_errors():
+    with pytest.raises(SpemusicError, match="melody_head must be"):
+        ModelConfig.preset("tiny", vocab_size=200, melody_head=[1, 2], pitch_range=[30, 158])  # no bar echo
+    ok = dict(bar_echo=[3, 10, 20], pitch_range=[30, 158], melody_head=[1, 2], melody_durations=[170, 1, 2, 3])
+    ModelConfig.preset("tiny", vocab_size=200, **ok)
+    with pytest.raises(SpemusicError, match="melody_durations must be"):
+        ModelConfig.preset("tiny", vocab_size=200, **{**ok, "melody_durations": [199, 1, 2, 3]})  # past the vocabulary
+    with pytest.raises(SpemusicError, match="melody_chords must be"):
+        ModelConfig.preset("tiny", vocab_size=200, **ok, melody_chords=[180, 9])  # 108 chords past the vocabulary
+    with pytest.raises(SpemusicError, match="pitch_range must be"):
+        ModelConfig.preset("tiny", vocab_size=200, **{**ok, "pitch_range": [0, 0]})
