@@ -307,8 +307,7 @@ def auto_step_dtype(device, batch: int) -> torch.dtype:
 class _Steering:
     """What the user asked of the pieces beyond the grammar, as masks and logit offsets: a chord
     progression (one chord per bar, repeating, None where the model names the bar's own; its tones
-    favoured by `chord_strength` nats), the
-    opening meter and tempo, and the number of bars."""
+    favoured by `chord_strength` nats), the opening meter and tempo, and the number of bars."""
     grammar: REMIGrammar
     trained: np.ndarray | None            # the model's trained vocabulary (next_token_mask)
     forced: list[int] | None = None       # Chord token of each bar of the progression
