@@ -309,8 +309,6 @@ def melody_chords(model, melody_ids, tokenizer, harmonize: bool = True) -> list[
     names each bar's chord after hearing its melody) and the chart before it: bars that precede
     the melody tell the model nothing of its key, and it holds the key it chose there. None: the
     model names every chord (it ships no harmonizer, or the melody opens the piece)."""
-    import numpy as np
-
     chart = chart_melody(model, melody_ids, tokenizer)
     if chart is None or harmonize:
         return chart

@@ -532,7 +532,6 @@ class Performer(nn.Module):
             self.interval_head = nn.Embedding(2 * len(cfg.interval_head), 2 * cfg.interval_reach + 2)
             nn.init.zeros_(self.interval_head.weight)  # added to a trained model, it changes nothing at first
             self.register_buffer("interval_programs", torch.tensor(cfg.interval_head), persistent=False)
-            self.register_buffer("pitches", torch.arange(128), persistent=False)
         self.echo_head: nn.Embedding | None = None
         if cfg.echo_head:  # row k: lag echo_head[k]; column j: j of the last echo_window tokens it named right
             # (each kind's tables in turn: (window + 1) columns a table)
@@ -551,12 +550,13 @@ class Performer(nn.Module):
             durations = torch.zeros(cfg.vocab_size, dtype=torch.long)
             durations[first:first + len(steps)] = torch.tensor(steps)
             self.register_buffer("melody_durations", durations, persistent=False)
-            self.register_buffer("pitches", torch.arange(128), persistent=False)
             if cfg.melody_chords:  # row q: quality q; column i: the pitch class i semitones above the root
                 self.chord_head = nn.Embedding(cfg.melody_chords[1], 12)
                 nn.init.zeros_(self.chord_head.weight)
                 # roots[r, i]: the pitch class i semitones above root r
                 self.register_buffer("roots", (torch.arange(12)[:, None] + torch.arange(12)) % 12, persistent=False)
+        if cfg.interval_head or cfg.melody_head:  # the Pitch ids' pitches, which both heads score intervals of
+            self.register_buffer("pitches", torch.arange(128), persistent=False)
         self.drop = nn.Dropout(cfg.dropout)
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
         self.ln_f = nn.LayerNorm(cfg.d_model)
@@ -639,18 +639,18 @@ class Performer(nn.Module):
             x = x + self.pitch_memory(rows).sum(-2).to(x.dtype)
         if self.bar_echo is not None:
             bar_id, lo, hi = self.cfg.bar_echo
-            echo, head, after["echo"] = echo_features(ids, carry.get("echo"), bar_id, (lo, hi), self.cfg.vocab_size,
+            tail = carry.get("echo")
+            seq = ids if tail is None else torch.cat([tail, ids], 1)
+            places = echo_places(seq, bar_id, (lo, hi))  # (the echo's, and the melody head's keys)
+            echo, head, after["echo"] = echo_features(ids, tail, bar_id, (lo, hi), self.cfg.vocab_size,
                                                       self.cfg.echo_bars, tuple(self.cfg.echo_head), self.cfg.echo_window,
-                                                      tuple(tuple(m) for m in self.cfg.repeat_marks))
+                                                      tuple(tuple(m) for m in self.cfg.repeat_marks), places)
             x = x + self.bar_echo(echo).to(x.dtype)
             if head is not None:
                 reads["echo"] = head
             if self.melody_head is not None:
-                tail = carry.get("echo")
-                seq = ids if tail is None else torch.cat([tail, ids], 1)
-                key = echo_places(seq, bar_id, (lo, hi))["key"]
-                reads["melody"] = melody_reads(seq, key, ids.shape[1], self.cfg.melody_head[0], self.melody_parts,
-                                               self.cfg.pitch_range, (lo, hi), self.melody_durations)
+                reads["melody"] = melody_reads(seq, places["key"], ids.shape[1], self.cfg.melody_head[0],
+                                               self.melody_parts, self.cfg.pitch_range, (lo, hi), self.melody_durations)
         return self.drop(x), after, reads or None
 
     def head(self, x: torch.Tensor, reads: dict | None = None) -> torch.Tensor:

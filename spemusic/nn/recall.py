@@ -125,20 +125,20 @@ def bar_echo(ids: torch.Tensor, tail: torch.Tensor | None, bar_id: int, position
 
 
 def echo_features(ids: torch.Tensor, tail: torch.Tensor | None, bar_id: int, position_range, none_id: int,
-                  bars: int = 1, lags: tuple = (), window: int = 16, marks: tuple = ()) -> tuple:
+                  bars: int = 1, lags: tuple = (), window: int = 16, marks: tuple = (), places: dict | None = None) -> tuple:
     """`bar_echo`'s echo (B, T), the echo head's inputs for ids (B, T), and the tail to carry. The
     head's inputs (None without `lags`): the candidates (B, T, K), the token that followed the
     same place lags[k] bars back (`none_id`: none), and the row of its table each is scored by
     (B, T, K): how many of the last `window` tokens up to each (itself included) were the
     candidate its lag named the token before. With Repeat `marks` ((id, lag) pairs): where a mark
     names a lag, the echo is that lag's, and the head scores that lag from a second table (rows
-    window + 1 on)."""
+    window + 1 on). `places`: echo_places of the tail and ids, where the caller has them."""
     B, T = ids.shape
     seq = ids if tail is None else torch.cat([tail, ids], 1)
     N = seq.shape[1]
     lo, hi = position_range
     width = ECHO_SWEEPS * (hi - lo + 1) * ECHO_PLACES
-    places = echo_places(seq, bar_id, position_range)
+    places = echo_places(seq, bar_id, position_range) if places is None else places
     key = places["key"]
     first = max(N - T - window, 0) if lags else N - T  # the head counts the hits of the tokens before
     echoes = echo_back(seq, key, key[:, first:], width, max([bars, *lags, *(lag for _, lag in marks)]), none_id)
@@ -295,24 +295,24 @@ def melody_reads(seq: torch.Tensor, key: torch.Tensor, T: int, melody_id: int, p
     r = rank[:, -T:, None] - 1 - torch.arange(MELODY_NOTES, device=seq.device)  # (B, T, M)
     j = note_at.gather(1, r.clamp(min=0).view(B, -1)).clamp(max=N - 1).view(B, T, MELODY_NOTES)
     at = lambda x: x.gather(1, j.view(B, -1)).view(B, T, MELODY_NOTES)  # noqa: E731
+    pitch, onset = at(seq) - lo, at(step)
+    end = onset + at(length)
     q_bar, q_step = bar[:, -T:, None], step[:, -T:, None]
     mine = (r >= 0) & (at(bar) == q_bar) & (sweep[:, -T:, None] >= 1) & (q_bar >= 0)
-    onset, end = at(step), at(step) + at(length)
     covers = mine & (onset <= q_step) & (q_step < end)
     first = covers.long().argmax(-1, keepdim=True)  # the latest note sounding (m = 0 is the latest)
     slot = seq[:, -T:, None] == parts  # (B, T, S)
     sounding = covers.any(-1) & slot.any(-1)
-    anchor = torch.where(sounding, (at(seq) - lo).gather(-1, first)[..., 0], -1)
+    anchor = torch.where(sounding, pitch.gather(-1, first)[..., 0], -1)
     begins = (onset.gather(-1, first)[..., 0] == q_step[..., 0]).long()
     table = torch.where(sounding, (slot.long() * torch.arange(parts.shape[0], device=seq.device)).sum(-1) * 2 + begins, 0)
     recent = (r[..., :REGISTER_NOTES] >= 0).long()  # (integer means: the same on every path)
-    count, total = recent.sum(-1), ((at(seq)[..., :REGISTER_NOTES] - lo) * recent).sum(-1)
+    count, total = recent.sum(-1), (pitch[..., :REGISTER_NOTES] * recent).sum(-1)
     register = (seq[:, -T:] == melody_id) & (count >= REGISTER_LEAST)
     anchor = torch.where(register, (2 * total + count) // (2 * count).clamp(min=1), anchor)
     table = torch.where(register, 2 * parts.shape[0], table)
     weight = (torch.minimum(end, q_step + MELODY_SPAN) - torch.maximum(onset, q_step)).clamp(min=0) * mine
-    profile = seq.new_zeros(B, T, 12, dtype=torch.float32).scatter_add_(-1, (at(seq) - lo) % 12,
-                                                                          weight.float() / MELODY_SPAN)
+    profile = seq.new_zeros(B, T, 12, dtype=torch.float32).scatter_add_(-1, pitch % 12, weight.float() / MELODY_SPAN)
     return anchor, table, profile
 
 

@@ -214,7 +214,7 @@ def _head(x: torch.Tensor, iv: dict | None, eh: dict | None, mh: dict | None, P:
         scores = rows[iv["table"]].gather(-1, which) * (iv["anchor"] >= 0)[:, None]
         logits = torch.cat([logits[:, :lo], logits[:, lo:lo + 128] + scores, logits[:, lo + 128:]], 1)
     if mh is not None:
-        lo, K = P["interval_reach"] if iv is not None else P["melody_reach"]
+        lo, K = P["melody_reach"]
         scores = recall.interval_scores(P["melody_rows"], torch.arange(128), mh["anchor"], mh["table"], K)
         logits = torch.cat([logits[:, :lo], logits[:, lo:lo + 128] + scores, logits[:, lo + 128:]], 1)
         if "chord_rows" in P:
