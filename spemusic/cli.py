@@ -566,8 +566,11 @@ TRAIN_OPTIONS = {
                     "note sounding there, and each bar's chord by the melody's pitch classes (the accompaniment "
                     "follows the melody it cannot otherwise read sharply). Needs --melody-first and --bar-echo "
                     "or a model with it; added to an --init-from model at zero.")),
-    "recall_lr_scale": ("Optimisation", ("The --pitch-memory and --bar-echo tables learn this many times faster than "
-                        "the rest (they start at zero).")),
+    "bar_clock": ("Model", ("Every token also sees how many bars the piece has had, up to 16 (a song opens on an "
+                  "intro; a training window from inside a song reads as one well into it). Added to an "
+                  "--init-from model at zero.")),
+    "recall_lr_scale": ("Optimisation", ("The --pitch-memory, --bar-echo and --bar-clock tables learn this many "
+                        "times faster than the rest (they start at zero).")),
     "max_len": ("Model", ("Longest sequence of an absolute PE (ape, sinusoidal, axial; axial-continuous is scaled "
                 "to it) at generation/eval; SPE has "
                 "no limit."), "max(seq-len, 2048)"),
@@ -674,6 +677,7 @@ def train(
     echo_bars: int | None = _train_option("echo_bars", "--echo-bars"),
     echo_head: bool | None = _train_option("echo_head", "--echo-head/--no-echo-head"),
     melody_head: bool | None = _train_option("melody_head", "--melody-head/--no-melody-head"),
+    bar_clock: bool | None = _train_option("bar_clock", "--bar-clock/--no-bar-clock"),
     recall_lr_scale: float | None = _train_option("recall_lr_scale", "--recall-lr-scale"),
     seed: int | None = _train_option("seed"),
     max_len: int | None = _train_option("max_len", "--max-len"),

@@ -177,22 +177,29 @@ def test_repeat_marks_read_the_same_in_the_compiled_step_the_eager_step_and_the_
     assert (eager - marked[:, 2100:]).abs().max().item() <= 1e-4
 
 
-def test_the_melody_head_reads_the_same_in_the_compiled_step_the_eager_step_and_the_parallel_pass(song, step_cache):
+def test_the_melody_head_and_the_bar_clock_read_the_same_in_the_compiled_step_the_eager_step_and_the_parallel_pass(
+        song, step_cache):
     """A real song past the echo's context: the melody head's scores (the accompaniment by the melody
-    sounding, the chords by the melody's pitch classes) on every path alike; at zero, nothing."""
-    from spemusic.training.train import melody_head_config, widened
+    sounding, the chords by the melody's pitch classes) and the bar clock's rows on every path
+    alike; at zero, nothing."""
+    from spemusic.training.train import bar_clock_config, melody_head_config, widened
 
     tok, ids = song
     ids = ids[None, :2400]
     base = _model(tok)
-    m = widened(base, replace(base.cfg, **melody_head_config(True, tok))).eval()
+    m = widened(base, replace(base.cfg, **melody_head_config(True, tok), **bar_clock_config(tok))).eval()
     base.resample(5), m.resample(5)
     with torch.no_grad():
         assert torch.equal(m(ids), base(ids))
         m.melody_head.weight.normal_(0.0, 1.0)
         m.chord_head.weight.normal_(0.0, 1.0)
+        m.bar_clock.weight.normal_(0.0, 0.5)
         full = m(ids)
     assert ((full - base(ids)).abs().amax(-1) > 0.1).sum() > 500  # the accompaniment's notes and chords
     compiled, eager, _, _ = _compiled_and_eager(m, ids, 2100)
     assert (compiled - full[:, 2100:]).abs().max().item() <= 1e-4
     assert (eager - full[:, 2100:]).abs().max().item() <= 1e-4
+    # from scratch: the compiled step's first token opens the clock, as the parallel pass's does
+    state = m.init_state(1)
+    graph = StepGraph.of(m, state)
+    assert (_stepped(graph, state, ids[:, :300]) - full[:, :300]).abs().max().item() <= 1e-4

@@ -486,7 +486,8 @@ def test_pitch_memory_and_bar_echo_fine_tune(run_cli, pop_subset, pop_cache, tmp
     code, _, err = run_cli("train", pop_cache, "-o", tmp_path / "x", "--preset", "tiny", "--dropout", 1.5, "--steps", 1)
     assert code == 1 and "--dropout must be in [0, 1)" in err and "Traceback" not in err
     # a melody-first layout goes through each bar twice: its echo reads each pass from its own; the
-    # melody head reads the bar's melody under the other parts (no chords here: no chord table)
+    # melody head reads the bar's melody under the other parts (no chords here: no chord table); the
+    # bar clock, added to it, counts the bars of windows that open a piece
     first = tmp_path / "melody-first"
     prepare(pop_subset, first, workers=1, config=TokenizerConfig(parts=True, melody_first=True))
     code, _, err = run_cli("train", first, "-o", tmp_path / "y", "--preset", "tiny", "--bar-echo", "--melody-head",
@@ -497,6 +498,11 @@ def test_pitch_memory_and_bar_echo_fine_tune(run_cli, pop_subset, pop_cache, tmp
     assert model.cfg.dropout == 0.1 and not model.training  # (dropout in training only)
     assert model.cfg.melody_head == [tok.token_to_id[f"Program_{p}"] for p in ("melody", "bridge", "piano")]
     assert model.melody_head.weight.abs().sum() > 0 and model.chord_head is None
+    code, _, err = run_cli("train", first, "-o", tmp_path / "z", "--init-from", tmp_path / "y" / "last", "--bar-clock",
+                           "--piece-starts", 1.0, "--steps", 1, "--seq-len", 128, "--batch-size", 2, "--val-every", 1)
+    assert code == 0, err
+    model, tok = load_model(tmp_path / "z" / "last")
+    assert model.cfg.bar_clock == [tok.bos_id, tok.bar_id, 16] and model.bar_clock.weight[:3].abs().sum() > 0
     refusals = ((cache, ("--bar-echo",), "--melody-head needs each bar's melody first: add --melody-first"),
                 (first, (), "--melody-head needs the bar echo: add --bar-echo"))
     for data, flags, message in refusals:

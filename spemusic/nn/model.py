@@ -44,6 +44,7 @@ from spemusic.nn.fused import gelu_linear, norm_linear
 from spemusic.nn.positional import AbsolutePE, build_absolute_pe
 from spemusic.nn.recall import (
     add_echo_scores,
+    bar_clock as clock_rows,
     chord_scores,
     echo_features,
     echo_places,
@@ -128,7 +129,9 @@ class ModelConfig:
     # part and whether that melody note begins there, and the melody's from its register (one
     # more table); `melody_durations` [first Duration id, the grid steps of each];
     # `melody_chords` [first Chord id, qualities]: the Chord ids, root by root, each scored by
-    # the bar's melody pitch classes relative to its root (a table per quality).
+    # the bar's melody pitch classes relative to its root (a table per quality). Bar clock: [BOS
+    # id, Bar id, bars]: every token sees how many bars the piece has had since BOS, up to `bars`
+    # (recall.bar_clock; the last row also for a context that did not open on BOS).
     pitch_memory: list = field(default_factory=list)
     pitch_range: list = field(default_factory=lambda: [0, 0])
     bar_echo: list = field(default_factory=list)
@@ -143,6 +146,7 @@ class ModelConfig:
     melody_head: list = field(default_factory=list)
     melody_durations: list = field(default_factory=list)
     melody_chords: list = field(default_factory=list)
+    bar_clock: list = field(default_factory=list)
 
     def __post_init__(self):
         if self.attention not in ATTENTION_OPTIONS:
@@ -181,6 +185,10 @@ class ModelConfig:
             if c and not (isinstance(c, list) and len(c) == 2 and all(isinstance(i, int) for i in c) and 1 <= c[1] <= 16
                           and 0 <= c[0] and c[0] + 12 * c[1] <= self.vocab_size):
                 raise SpemusicError(f"model config: melody_chords must be [first Chord id, qualities], not {c!r}")
+        c = self.bar_clock
+        if c and not (ids_ok(c[:2]) and len(c) == 3 and isinstance(c[2], int) and not isinstance(c[2], bool)
+                      and 1 <= c[2] <= 256):
+            raise SpemusicError(f"model config: bar_clock must be [BOS id, Bar id, bars 1 … 256], not {c!r}")
         lo_hi = self.pitch_range
         pitches_ok = ids_ok(lo_hi) and len(lo_hi) == 2 and lo_hi[1] - lo_hi[0] == 128
         if (self.pitch_memory or self.interval_head or self.melody_head) and not pitches_ok:
@@ -229,7 +237,8 @@ class ModelConfig:
             per_code = (2 * self.kernel_size if self.pe == "convspe" else 3 * self.n_sines) * d
             spe = per_code * (1 if self.share_pe else L)
         absolute = self.max_len * d if self.pe in ("ape", "sinusoidal") else 0
-        recall = 129 * len(self.pitch_memory) + (self.vocab_size + 1 if self.bar_echo else 0)
+        recall = (129 * len(self.pitch_memory) + (self.vocab_size + 1 if self.bar_echo else 0)
+                  + (self.bar_clock[2] + 1 if self.bar_clock else 0))
         heads = (2 * len(self.interval_head) * (2 * self.interval_reach + 2)
                  + len(self.echo_head) * (self.echo_window + 1) * self.echo_tables * (len(self.echo_kinds) + 1)
                  + ((2 * len(self.melody_head) - 1) * (2 * self.interval_reach + 2) if self.melody_head else 0)
@@ -527,6 +536,10 @@ class Performer(nn.Module):
         if cfg.bar_echo:  # row V: no echo
             self.bar_echo = nn.Embedding(cfg.vocab_size + 1, cfg.d_model)
             nn.init.zeros_(self.bar_echo.weight)
+        self.bar_clock: nn.Embedding | None = None
+        if cfg.bar_clock:  # row b: bar b since BOS; the last also for later bars and a context without BOS
+            self.bar_clock = nn.Embedding(cfg.bar_clock[2] + 1, cfg.d_model)
+            nn.init.zeros_(self.bar_clock.weight)
         self.interval_head: nn.Embedding | None = None
         if cfg.interval_head:  # row 2 * part + across a bar line; column j: j - reach semitones, the last farther
             self.interval_head = nn.Embedding(2 * len(cfg.interval_head), 2 * cfg.interval_reach + 2)
@@ -616,7 +629,7 @@ class Performer(nn.Module):
     def recalls(self) -> bool:
         """Whether the model reads features off its own stream (spemusic.nn.recall), carried in State.recall."""
         return (self.pitch_memory is not None or self.bar_echo is not None or self.interval_head is not None
-                or self.melody_head is not None)
+                or self.melody_head is not None or self.bar_clock is not None)
 
     def embed(self, ids: torch.Tensor, start: int, carry: dict | None = None) -> tuple:
         """Token ids (B, T) at positions start.. -> ((B, T, d) with the absolute PE, if any, and
@@ -634,6 +647,9 @@ class Performer(nn.Module):
             *anchor, after["interval"] = interval_anchor(ids, carry.get("interval"), self.interval_programs,
                                                          self.cfg.pitch_range, self.cfg.bar_id)
             reads["interval"] = tuple(anchor)
+        if self.bar_clock is not None:
+            rows, after["clock"] = clock_rows(ids, carry.get("clock"), *self.cfg.bar_clock)
+            x = x + self.bar_clock(rows).to(x.dtype)
         if self.pitch_memory is not None:
             rows, after["pitch"] = memory_rows(ids, carry.get("pitch"), self.memory_programs, self.cfg.pitch_range)
             x = x + self.pitch_memory(rows).sum(-2).to(x.dtype)

@@ -6,7 +6,7 @@ reading of the weights, which is all a token must do (benchmarks/step_profile.py
 computes the same function with three programs compiled by AOTInductor (`torch.export`, then
 inductor's C++ in a shared library), each a few fused loops:
 
-* the input: the token's embedding, its bar echo, and the sineSPE code at t (closed form; the
+* the input: the token's embedding, its bar echo and bar clock, and the sineSPE code at t (closed form; the
   position is a float64 input, so one program serves every position). The echo is incremental:
   the keys of the tokens before are carried with them, so a token computes only its own key and
   searches the carried ones (the parallel path recomputes every key of its 2,048-token context);
@@ -145,14 +145,19 @@ def _intervals(ids: torch.Tensor, iv: dict, P: dict) -> None:
 
 
 def _input(ids: torch.Tensor, t: torch.Tensor, x: torch.Tensor, code: torch.Tensor | None,
-           carry: dict | None, iv: dict | None, mh: dict | None, P: dict) -> None:
+           carry: dict | None, iv: dict | None, mh: dict | None, clock: torch.Tensor | None, P: dict) -> None:
     """The token ids (B,) at position t () float64 -> x (B, d): its embedding (and bar echo); code
     (2, H, D, R): the sineSPE code [Q̄_t; K̄_t] (SineSPE.code_at); with an interval head, where it
     reads (`_intervals`); with a melody head, what it reads of the bar's melody (recall.melody_reads
-    over the echo's carried tokens and keys, this one's last). Written in place."""
+    over the echo's carried tokens and keys, this one's last); with a bar clock, its row (`clock`:
+    recall.bar_clock's carry). Written in place."""
     if iv is not None:
         _intervals(ids, iv, P)
     emb = P["tok"][ids]
+    if clock is not None:
+        rows, after = recall.bar_clock(ids[:, None], clock, *P["clock_cfg"])
+        emb = emb + P["clock_rows"][rows[:, 0]]
+        clock.copy_(after)
     if carry is not None:
         emb = emb + P["echo_rows"][_echo(ids, carry, P["echo_cfg"])]
     if mh is not None:
@@ -369,6 +374,12 @@ class StepGraph:
                          melody_chords=tuple(cfg.melody_chords))
             self.mh = {"anchor": torch.zeros(B, dtype=torch.long), "table": torch.zeros(B, dtype=torch.long),
                        "profile": torch.zeros(B, 12)}
+        self.clock = None
+        if model.bar_clock is not None:
+            P.update(clock_rows=detach(model.bar_clock.weight.float()), clock_cfg=tuple(cfg.bar_clock))
+            clock = (state.recall or {}).get("clock")
+            self.clock = (torch.tensor([[-1, 0]]).repeat(B, 1) if clock is None else clock).contiguous()
+            state.recall = {**(state.recall or {}), "clock": self.clock}  # kept current by the program
         self.ids = torch.zeros(B, dtype=torch.long)
         self.t = torch.zeros((), dtype=torch.float64)
         self.x = torch.zeros(B, cfg.d_model)
@@ -391,7 +402,7 @@ class StepGraph:
             layers.append(L)
         hist = lambda i: state.histories[i] if cfg.short_conv else None  # noqa: E731
         tag = f"{cfg.vocab_size}v{cfg.n_layers}x{cfg.d_model}-b{B}-{str(plan.weights_dtype).split('.')[-1]}"
-        self.input = _Program(_input, (self.ids, self.t, self.x, self.code, self.carry, self.iv, self.mh, P),
+        self.input = _Program(_input, (self.ids, self.t, self.x, self.code, self.carry, self.iv, self.mh, self.clock, P),
                               f"input-{tag}")
         self.layers = [_Program(_layer, (self.x, state.layers[i], hist(i), self.code, L), f"layer-{tag}")
                        for i, L in enumerate(layers)]

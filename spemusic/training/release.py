@@ -56,7 +56,8 @@ def export(src: Path, dest: Path, name: str, data: Path, credit: str, command: s
                                                     ("interval_head", ", each part's pitch also scored as an interval"),
                                                     ("bar_echo", echo),
                                                     ("echo_head", ", the echoes 1-8 bars back also scored as the next token"),
-                                                    ("melody_head", ", the accompaniment and chords also scored by the melody"))
+                                                    ("melody_head", ", the accompaniment and chords also scored by the melody"),
+                                                    ("bar_clock", ", the bars since the piece began"))
                      if cfg.get(key))
     sampling_flag = f" --sampling {','.join(f'{k}={v:g}' for k, v in sampling.items())}" if sampling else ""
     card = f"""# {name}

@@ -159,6 +159,16 @@ def melody_head_config(bar_echo: bool, tokenizer: REMITokenizer) -> dict:
             "pitch_range": list(tokenizer.range("Pitch"))}
 
 
+# the bars the bar clock tells apart (recall.bar_clock): POP909's melody enters by bar 12 in nine
+# songs in ten, and a 2,048-token window from a song's start reaches bar 20 or so
+CLOCK_BARS = 16
+
+
+def bar_clock_config(tokenizer: REMITokenizer) -> dict:
+    """The model config field of a bar clock (spemusic.nn.recall.bar_clock)."""
+    return {"bar_clock": [tokenizer.bos_id, tokenizer.bar_id, CLOCK_BARS]}
+
+
 def repeat_marks_config(tokenizer: REMITokenizer) -> list:
     """The model config's repeat_marks: [id, lag] of each of the tokenizer's Repeat marks."""
     return [[i, lag] for i, lag in enumerate(tokenizer.mark_lags.tolist(), start=tokenizer.range("Repeat")[0])]
@@ -230,7 +240,7 @@ def decay_groups(model: torch.nn.Module, legacy: bool = False) -> tuple[list, li
 # gently: at the model's learning rate they would take thousands of steps to say anything (100
 # steps at 8e-5 left pop-piano's melody intervals as they were), so they learn faster
 # (TrainConfig.recall_lr_scale times the rate).
-RECALL_PARAMETERS = ("pitch_memory.weight", "bar_echo.weight")
+RECALL_PARAMETERS = ("pitch_memory.weight", "bar_echo.weight", "bar_clock.weight")
 # The interval head is a table of a few hundred scores, each read by thousands of notes a step: it
 # needs scores near a nat apart within a fine-tune of a few hundred steps at the lineage's low rate.
 INTERVAL_PARAMETERS, INTERVAL_LR_SCALE = ("interval_head.weight",), 100.0
@@ -606,7 +616,8 @@ def model_config(run: Run, base_model: Performer | None, tokenizer: REMITokenize
                   **(bar_echo_config(tokenizer, cfg.echo_bars) if cfg.bar_echo else {}),
                   **(echo_head_config(cfg.bar_echo, tokenizer) if cfg.echo_head else {}),
                   **({"repeat_marks": repeat_marks_config(tokenizer)} if cfg.bar_echo and cfg.repeats else {}),
-                  **(melody_head_config(cfg.bar_echo, tokenizer) if cfg.melody_head else {})}
+                  **(melody_head_config(cfg.bar_echo, tokenizer) if cfg.melody_head else {}),
+                  **(bar_clock_config(tokenizer) if cfg.bar_clock else {})}
         extra = {"short_conv": cfg.short_conv} if cfg.short_conv >= 0 else {}
         extra.update({"dropout": cfg.dropout} if cfg.dropout >= 0 else {})
         return ModelConfig.preset(cfg.preset, vocab_size=len(tokenizer), **recall, pe=cfg.pe, gated=cfg.gated,
@@ -631,6 +642,8 @@ def model_config(run: Run, base_model: Performer | None, tokenizer: REMITokenize
         model_cfg = replace(model_cfg, repeat_marks=repeat_marks_config(tokenizer))  # added, or the copy marks added
     if cfg.melody_head and not model_cfg.melody_head:
         model_cfg = replace(model_cfg, **melody_head_config(bool(model_cfg.bar_echo), tokenizer))
+    if cfg.bar_clock and not model_cfg.bar_clock:
+        model_cfg = replace(model_cfg, **bar_clock_config(tokenizer))
     if model_cfg.has_absolute_pe and cfg.seq_len > model_cfg.max_len:
         raise OptionError("{seq_len} {n} is past {model}'s absolute positions ({limit}); SPE models have no such "
                           "limit", n=cfg.seq_len, model=cfg.init_from, limit=model_cfg.max_len)
