@@ -565,3 +565,17 @@ def test_pieces_with_repeat_marks_follow_the_grammar_and_accompany_holds_the_mel
             assert [t for t in ids[tok.kinds[ids] == REPEAT]][0::2] == held_marks  # the melody's marks, as held
             if chords:
                 assert [tok.vocab[t] for t in ids if tok.kinds[t] == CHORD][:2] == ["Chord_A:min", "Chord_F:maj"]
+
+
+def test_part_summary_reads_the_songs_form_where_the_melody_enters_and_how_it_keeps_on(tmp_path):
+    from spemusic.music.metrics import part_summary
+
+    chords = [(p, 4 * b, 4, 70) for b in range(8) for p in (48, 52, 55)]  # a C chord in each of 8 bars
+    melody = [(72, 4 * b, 2, 90) for b in (3, 4, 6, 7)]  # enters in bar 3 (from 0), rests in bar 5
+    path = write_tracks(tmp_path / "m.mid", [("MELODY", 0, melody), ("PIANO", 0, chords)])
+    out = part_summary(PARTS_TOK.encode(path), PARTS_TOK)
+    assert out["melody_entry"] == 3 and out["melody_kept"] == pytest.approx(4 / 5)
+    assert out["opening_notes_per_bar"] == pytest.approx((4 * 3 + 1) / 4)
+    alone = write_tracks(tmp_path / "p.mid", [("PIANO", 0, chords)])
+    out = part_summary(PARTS_TOK.encode(alone), PARTS_TOK)
+    assert out["melody_entry"] == 8 and np.isnan(out["melody_kept"])

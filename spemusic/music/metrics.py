@@ -299,7 +299,9 @@ def part_summary(ids, tok: REMITokenizer) -> dict:
     often a melody onset holds one note; the melody's range, notes per bar and the histogram of
     the steps of its top line (unison, steps, thirds, fourths and fifths, larger leaps); the bass
     (the lowest piano-part note at each of its onsets) moving by a fourth or a fifth, among its
-    moves; and the spread (standard deviation) of all the notes' velocities."""
+    moves; the spread (standard deviation) of all the notes' velocities; and the song's form: the
+    bar the melody enters (counted from 0; the piece's length without one), the share of bars from
+    there on that have it, and the notes per bar of the first 4 bars (a song opens on an intro)."""
     g = note_grid(ids, tok)
     nan = float("nan")
     out = {"velocity_spread": float(np.std(g.vel)) if len(g.vel) else nan}
@@ -328,6 +330,10 @@ def part_summary(ids, tok: REMITokenizer) -> dict:
         out["bass_fourth_fifth"] = nan
     out["melody_on_top"] = melody_on_top(g, melody)
     out["melody_clashes"] = melody_clashes(g, melody, ~melody) if melody.any() else nan
+    entry = int(g.bar[melody].min()) if melody.any() else bars
+    out["melody_entry"] = float(entry)
+    out["melody_kept"] = float(len(np.unique(g.bar[melody])) / (bars - entry)) if melody.any() else nan
+    out["opening_notes_per_bar"] = float(np.sum(g.bar < 4) / min(bars, 4))
     return out
 
 
