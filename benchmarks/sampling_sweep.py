@@ -23,13 +23,15 @@ from spemusic.training.data import open_dataset
 from _errors import run_script  # (benchmarks/, the script's own folder)
 
 DATA = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "pop909"
-KEYS = ("silence", "beats_with_onset", "notes_per_bar", "polyphony", "GS", "key_clarity", "repetition")
-LABELS = {"beats_with_onset": "beat onsets", "notes_per_bar": "notes/bar", "key_clarity": "key", "repetition": "repeat",
-          "melody_bars": "mel. bars", "melody_notes_per_bar": "mel. n/bar", "melody_steps": "mel. steps",
-          "melody_leaps": "mel. leaps", "bass_fourth_fifth": "bass 4th/5th"}
+KEYS = ("bars_4_4", "silence", "beats_with_onset", "notes_per_bar", "polyphony", "GS", "key_clarity", "repetition")
+LABELS = {"bars_4_4": "4/4 bars", "beats_with_onset": "beat onsets", "notes_per_bar": "notes/bar", "key_clarity": "key",
+          "repetition": "repeat", "melody_bars": "mel. bars", "melody_notes_per_bar": "mel. n/bar", "melody_steps": "mel. steps",
+          "melody_leaps": "mel. leaps", "bass_fourth_fifth": "bass 4th/5th", "velocity_spread": "vel. spread",
+          "melody_entry": "mel. enters", "opening_notes_per_bar": "opening"}
 # each sampling option's value that turns it off (the model alone)
 OFF = dict(top_p=1.0, bar_top_p=1.0, onset_top_p=1.0, repeat=0.0, hole_penalty=0.0, stacking=1.0)
-PART_KEYS = ("melody_bars", "melody_notes_per_bar", "melody_steps", "melody_leaps", "bass_fourth_fifth")
+PART_KEYS = ("melody_bars", "melody_notes_per_bar", "melody_steps", "melody_leaps", "bass_fourth_fifth",
+             "velocity_spread", "melody_entry", "opening_notes_per_bar")
 
 
 def cut(ids: np.ndarray, tok, length: int) -> np.ndarray:
