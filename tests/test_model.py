@@ -1123,27 +1123,31 @@ def test_melody_head_config_errors():
         ModelConfig.preset("tiny", vocab_size=200, **{**ok, "pitch_range": [0, 0]})
 
 
-def test_the_bar_clock_counts_bars_from_bos_and_reads_a_window_from_inside_a_song_as_well_into_it():
-    """Rows: the Bars so far from BOS, capped; the last row throughout a context that did not open
-    on BOS; the same over chunks carried as in one pass, and the same on the model's step."""
+def test_the_bar_clock_counts_bars_from_bos_and_from_the_melodys_entry_and_reads_a_window_from_inside_a_song_as_late():
+    """Rows: the Bars so far from BOS, capped, and the bars since the melody's first note (0
+    before); the last rows throughout a context that did not open on BOS; the same over chunks
+    carried as in one pass, and the same on the model's step."""
     from spemusic.nn.recall import bar_clock
 
-    BOS, BAR = 1, 3
-    song = torch.tensor([[BOS, BAR, 7, 8, BAR, 9, BAR, 9, BAR, 9, BAR, 7]])
-    rows, carry = bar_clock(song, None, BOS, BAR, 3)
+    BOS, BAR, MEL = 1, 3, 7
+    song = torch.tensor([[BOS, BAR, 8, 8, BAR, 7, BAR, 9, BAR, 7, BAR, 7]])
+    rows, melody, carry = bar_clock(song, None, BOS, BAR, 3, MEL)
     assert rows.tolist() == [[0, 1, 1, 1, 2, 2, 3, 3, 3, 3, 3, 3]]
-    assert carry.tolist() == [[1, 5]]
-    inside, _ = bar_clock(song[:, 4:], None, BOS, BAR, 3)  # a training window from a bar line on
-    assert inside.tolist() == [[3] * 8]
-    first, carry = bar_clock(song[:, :5], None, BOS, BAR, 3)
-    rest, _ = bar_clock(song[:, 5:], carry, BOS, BAR, 3)
+    assert melody.tolist() == [[0, 0, 0, 0, 0, 1, 2, 2, 3, 3, 3, 3]]
+    assert carry.tolist() == [[1, 5, 2]]
+    inside, inside_melody, _ = bar_clock(song[:, 4:], None, BOS, BAR, 3, MEL)  # a window from a bar line on
+    assert inside.tolist() == inside_melody.tolist() == [[3] * 8]
+    first, first_melody, carry = bar_clock(song[:, :5], None, BOS, BAR, 3, MEL)
+    rest, rest_melody, _ = bar_clock(song[:, 5:], carry, BOS, BAR, 3, MEL)
     assert torch.cat([first, rest], 1).tolist() == rows.tolist()
+    assert torch.cat([first_melody, rest_melody], 1).tolist() == melody.tolist()
     with pytest.raises(SpemusicError, match="bar_clock must be"):
         ModelConfig.preset("tiny", vocab_size=200, bar_clock=[1, 3, 0])
     torch.manual_seed(0)
-    m = Performer(ModelConfig.preset("tiny", vocab_size=200, bar_clock=[BOS, BAR, 3])).eval()
+    m = Performer(ModelConfig.preset("tiny", vocab_size=200, bar_clock=[BOS, BAR, 3, MEL])).eval()
     with torch.no_grad():
         m.bar_clock.weight.normal_(0.0, 1.0)
+        m.melody_clock.weight.normal_(0.0, 1.0)
         full = m(song)
     assert (full[:, 4:] - m(song[:, 4:])).abs().max().item() > 0.1  # the clock is read
     assert (_primed_then_stepped(m, song, prompt=5, chunk=3) - full).abs().max().item() <= 1e-4

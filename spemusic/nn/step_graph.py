@@ -155,8 +155,10 @@ def _input(ids: torch.Tensor, t: torch.Tensor, x: torch.Tensor, code: torch.Tens
         _intervals(ids, iv, P)
     emb = P["tok"][ids]
     if clock is not None:
-        rows, after = recall.bar_clock(ids[:, None], clock, *P["clock_cfg"])
+        rows, melody_rows, after = recall.bar_clock(ids[:, None], clock, *P["clock_cfg"])
         emb = emb + P["clock_rows"][rows[:, 0]]
+        if "melody_clock_rows" in P:
+            emb = emb + P["melody_clock_rows"][melody_rows[:, 0]]
         clock.copy_(after)
     if carry is not None:
         emb = emb + P["echo_rows"][_echo(ids, carry, P["echo_cfg"])]
@@ -377,8 +379,10 @@ class StepGraph:
         self.clock = None
         if model.bar_clock is not None:
             P.update(clock_rows=detach(model.bar_clock.weight.float()), clock_cfg=tuple(cfg.bar_clock))
+            if model.melody_clock is not None:
+                P["melody_clock_rows"] = detach(model.melody_clock.weight.float())
             clock = (state.recall or {}).get("clock")
-            self.clock = (torch.tensor([[-1, 0]]).repeat(B, 1) if clock is None else clock).contiguous()
+            self.clock = (torch.tensor([[-1, 0, -1]]).repeat(B, 1) if clock is None else clock).contiguous()
             state.recall = {**(state.recall or {}), "clock": self.clock}  # kept current by the program
         self.ids = torch.zeros(B, dtype=torch.long)
         self.t = torch.zeros((), dtype=torch.float64)

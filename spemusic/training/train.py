@@ -165,8 +165,10 @@ CLOCK_BARS = 16
 
 
 def bar_clock_config(tokenizer: REMITokenizer) -> dict:
-    """The model config field of a bar clock (spemusic.nn.recall.bar_clock)."""
-    return {"bar_clock": [tokenizer.bos_id, tokenizer.bar_id, CLOCK_BARS]}
+    """The model config field of a bar clock (spemusic.nn.recall.bar_clock), with parts also
+    counting the bars since the melody entered."""
+    melody = [tokenizer.token_to_id["Program_melody"]] if tokenizer.config.parts else []
+    return {"bar_clock": [tokenizer.bos_id, tokenizer.bar_id, CLOCK_BARS, *melody]}
 
 
 def repeat_marks_config(tokenizer: REMITokenizer) -> list:
@@ -240,7 +242,7 @@ def decay_groups(model: torch.nn.Module, legacy: bool = False) -> tuple[list, li
 # gently: at the model's learning rate they would take thousands of steps to say anything (100
 # steps at 8e-5 left pop-piano's melody intervals as they were), so they learn faster
 # (TrainConfig.recall_lr_scale times the rate).
-RECALL_PARAMETERS = ("pitch_memory.weight", "bar_echo.weight", "bar_clock.weight")
+RECALL_PARAMETERS = ("pitch_memory.weight", "bar_echo.weight", "bar_clock.weight", "melody_clock.weight")
 # The interval head is a table of a few hundred scores, each read by thousands of notes a step: it
 # needs scores near a nat apart within a fine-tune of a few hundred steps at the lineage's low rate.
 INTERVAL_PARAMETERS, INTERVAL_LR_SCALE = ("interval_head.weight",), 100.0
@@ -642,8 +644,8 @@ def model_config(run: Run, base_model: Performer | None, tokenizer: REMITokenize
         model_cfg = replace(model_cfg, repeat_marks=repeat_marks_config(tokenizer))  # added, or the copy marks added
     if cfg.melody_head and not model_cfg.melody_head:
         model_cfg = replace(model_cfg, **melody_head_config(bool(model_cfg.bar_echo), tokenizer))
-    if cfg.bar_clock and not model_cfg.bar_clock:
-        model_cfg = replace(model_cfg, **bar_clock_config(tokenizer))
+    if cfg.bar_clock and len(model_cfg.bar_clock) < len(bar_clock_config(tokenizer)["bar_clock"]):
+        model_cfg = replace(model_cfg, **bar_clock_config(tokenizer))  # added, or its melody clock added
     if model_cfg.has_absolute_pe and cfg.seq_len > model_cfg.max_len:
         raise OptionError("{seq_len} {n} is past {model}'s absolute positions ({limit}); SPE models have no such "
                           "limit", n=cfg.seq_len, model=cfg.init_from, limit=model_cfg.max_len)
