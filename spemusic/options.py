@@ -98,7 +98,8 @@ class TrainConfig:
                                  # each was right lately (needs the bar echo; added at zero)
     melody_head: bool = False    # the other parts' pitches scored as intervals from the melody sounding there,
                                  # the chords by the bar's melody (needs melody first and the bar echo; at zero)
-    bar_clock: bool = False      # every token sees the bars since the piece began, up to 16 (added at zero)
+    bar_clock: bool = False      # every token sees the bars since the piece began and since its melody came in,
+                                 # up to 16 (added at zero)
     recall_lr_scale: float = 10.0  # the stream features' tables learn this many times faster than the rest
 
     def check(self) -> None:

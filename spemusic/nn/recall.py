@@ -37,8 +37,8 @@ they change nothing until training moves them.
   0.001 nats and the chords within 0.02 whether or not the melody was moved by a fourth: linear
   attention does not read the bar's melody, 20-200 tokens back, sharply enough to follow it.
 
-* Bar clock: every token sees how many bars the piece has had, counted from its BOS, up to a
-  few dozen. A song opens on an intro: POP909's melody enters at bar 8 at the median (bar 3 to 12
+* Bar clock: every token sees how many bars the piece has had, counted from its BOS, up to 16
+  (the model's config). A song opens on an intro: POP909's melody enters at bar 8 at the median (bar 3 to 12
   for four songs in five), over a sparser accompaniment. A training window from inside a song
   does not show where the song began, and one token (BOS) a few hundred tokens back is too faint
   for linear attention to count bars from: v9 sampled from scratch brought its melody in at bar
