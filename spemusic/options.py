@@ -183,12 +183,11 @@ MODEL_SAMPLING = {
     # groove's continuations keep closer to their prompt's style with the unlikely hits cut: one
     # stray hit and the model takes the bar for a fill (benchmarks/groove_drift.py)
     "groove": dict(top_p=0.8, bar_top_p=0.8),
-    # pop-piano leaves fewer holes and repeats more with the far onsets cut, and stacks as many
-    # notes per onset with the odds of a third note and more tempered. The hole penalty is off
-    # since v10: the onset nucleus alone keeps its silence under the songs', and the penalty's
-    # extra notes overshot them. The continuous cache (--repeat) is off: with parts it made the
-    # melody repeat its own notes instead of moving by steps (docs/sampling.md)
-    "pop-piano": dict(onset_top_p=0.9, stacking=0.8),
+    # pop-piano leaves fewer holes with the far onsets cut and the onsets that would leave a hole
+    # discouraged, and stacks as many notes per onset with the odds of a third note and more
+    # tempered. The continuous cache (--repeat) is off: with parts it made the melody repeat its
+    # own notes instead of moving by steps
+    "pop-piano": dict(onset_top_p=0.9, hole_penalty=4.0, stacking=0.8),
 }
 
 
