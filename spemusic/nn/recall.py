@@ -38,16 +38,16 @@ they change nothing until training moves them.
   attention does not read the bar's melody, 20-200 tokens back, sharply enough to follow it.
 
 * Bar clock: every token sees how many bars the piece has had, counted from its BOS, up to 16
-  (the model's config). A song opens on an intro: POP909's melody enters at bar 8 at the median (bar 3 to 12
-  for four songs in five), over a sparser accompaniment. A training window from inside a song
-  does not show where the song began, and one token (BOS) a few hundred tokens back is too faint
-  for linear attention to count bars from: v9 sampled from scratch brought its melody in at bar
-  2 and played as densely from its first bar as later ones. A context that did not open on BOS
-  (a window from inside a song) reads the last row, as a piece past the clock's bars does: far
-  enough in that the opening no longer matters. A second table reads the bars since the melody
-  entered: once a song's melody is in, it stays (POP909's first 2,048 tokens: 98% of the bars
-  after it), and with the first clock alone the model, told "bar 6", dropped it in a third of
-  them.
+  (the model's config). A song opens on an intro: POP909's melody enters at bar 8 at the median
+  (bar 3 to 12 for four songs in five), over a sparser accompaniment. A training window from
+  inside a song does not show where the song began, and one token (BOS) a few hundred tokens
+  back is too faint for linear attention to count bars from: v9 sampled from scratch brought its
+  melody in at bar 2 and played as densely from its first bar as later ones. A context that did
+  not open on BOS (a window from inside a song) reads the last row, as a piece past the clock's
+  bars does: far enough in that the opening no longer matters. A second table reads the bars
+  since the melody entered: once a song's melody is in, it stays (POP909's first 2,048 tokens:
+  98% of the bars after it), and with the first clock alone the model, told "bar 6", dropped it
+  in a third of them.
 
 * Interval anchor: where a token opens a note of a part (its Program), the last pitch that part
   wrote. The model's interval head (spemusic.nn.model) scores the coming Pitch as an interval from
@@ -75,6 +75,9 @@ MELODY_SPAN = 48
 # the melody's register, where its next note is read against: the mean of its last notes (at
 # least REGISTER_LEAST of them)
 REGISTER_NOTES, REGISTER_LEAST = 16, 4
+# the bar clock's carry before a context's first token: [opened on BOS (-1: not known yet), Bars so
+# far, Bars at the melody's first note (-1: none yet)]
+CLOCK_START = (-1, 0, -1)
 
 
 def _held_pitches(ids: torch.Tensor, carry: torch.Tensor, programs: torch.Tensor, pitch_range) -> tuple:
@@ -111,18 +114,18 @@ def bar_clock(ids: torch.Tensor, carry: torch.Tensor | None, bos_id: int, bar_id
     (its Program token, `melody_id`; 1 in the bar it enters, 0 before), `bars` as the other's; and
     the carry after `ids` (B, 3): [whether it opened on BOS, Bars so far, the Bars at the melody's
     first note (-1: none yet)]. `carry` None, or -1 first: the ids open the context."""
-    B = ids.shape[0]
     if carry is None:
-        carry = ids.new_tensor([-1, 0, -1]).expand(B, 3)
-    opened = torch.where(carry[:, 0] < 0, (ids[:, 0] == bos_id).long(), carry[:, 0])[:, None] > 0
+        carry = ids.new_tensor(CLOCK_START).expand(ids.shape[0], 3)
+    opened = torch.where(carry[:, :1] < 0, ids[:, :1] == bos_id, carry[:, :1] > 0)  # (B, 1)
     count = carry[:, 1:2] + (ids == bar_id).long().cumsum(1)
-    # the count at the melody's first note: the least count among its Program tokens so far
-    first = torch.where(ids == melody_id, count, count.new_tensor(1 << 40)).cummin(1).values
-    entry = torch.where(carry[:, 2:] >= 0, carry[:, 2:], torch.where(first < 1 << 40, first, -1))
+    # the count at the melody's first note in ids: the least count among its Program tokens so far
+    never = torch.iinfo(count.dtype).max
+    first = torch.where(ids == melody_id, count, never).cummin(1).values
+    entry = torch.where(carry[:, 2:] >= 0, carry[:, 2:], torch.where(first < never, first, -1))
     since = torch.where(entry >= 0, count - entry + 1, 0)
     rows = torch.where(opened, count.clamp(max=bars), bars)
     melody_rows = torch.where(opened, since.clamp(max=bars), bars)
-    return rows, melody_rows, torch.cat([opened[:, :1].long(), count[:, -1:], entry[:, -1:]], 1)
+    return rows, melody_rows, torch.cat([opened.long(), count[:, -1:], entry[:, -1:]], 1)
 
 
 def interval_anchor(ids: torch.Tensor, carry: torch.Tensor | None, programs: torch.Tensor, pitch_range,
@@ -366,6 +369,6 @@ def chord_scores(profile: torch.Tensor, roots: torch.Tensor, rows: torch.Tensor)
     return (profile[..., roots] @ rows.T.to(profile.dtype)).flatten(-2)
 
 
-__all__ = ["ECHO_CONTEXT", "add_echo_scores", "bar_clock", "bar_echo", "chord_scores", "echo_back", "echo_features",
-           "echo_places", "interval_anchor", "interval_scores", "mark_in_force", "mark_lags", "marked_rows",
-           "melody_reads", "most_held", "named_right", "pitch_memory"]
+__all__ = ["CLOCK_START", "ECHO_CONTEXT", "add_echo_scores", "bar_clock", "bar_echo", "chord_scores", "echo_back",
+           "echo_features", "echo_places", "interval_anchor", "interval_scores", "mark_in_force", "mark_lags",
+           "marked_rows", "melody_reads", "most_held", "named_right", "pitch_memory"]

@@ -6,10 +6,11 @@ reading of the weights, which is all a token must do (benchmarks/step_profile.py
 computes the same function with three programs compiled by AOTInductor (`torch.export`, then
 inductor's C++ in a shared library), each a few fused loops:
 
-* the input: the token's embedding, its bar echo and bar clock, and the sineSPE code at t (closed form; the
-  position is a float64 input, so one program serves every position). The echo is incremental:
-  the keys of the tokens before are carried with them, so a token computes only its own key and
-  searches the carried ones (the parallel path recomputes every key of its 2,048-token context);
+* the input: the token's embedding, its bar echo and bar clock, and the sineSPE code at t
+  (closed form; the position is a float64 input, so one program serves every position). The echo
+  is incremental: the keys of the tokens before are carried with them, so a token computes only
+  its own key and searches the carried ones (the parallel path recomputes every key of its
+  2,048-token context);
 * a layer, run once per layer on that layer's weights and state;
 * the head: the final norm and the logits (and the interval head's scores, with the part and
   last pitch the input program found).
@@ -382,7 +383,7 @@ class StepGraph:
             if model.melody_clock is not None:
                 P["melody_clock_rows"] = detach(model.melody_clock.weight.float())
             clock = (state.recall or {}).get("clock")
-            self.clock = (torch.tensor([[-1, 0, -1]]).repeat(B, 1) if clock is None else clock).contiguous()
+            self.clock = (torch.tensor([recall.CLOCK_START]).repeat(B, 1) if clock is None else clock).contiguous()
             state.recall = {**(state.recall or {}), "clock": self.clock}  # kept current by the program
         self.ids = torch.zeros(B, dtype=torch.long)
         self.t = torch.zeros((), dtype=torch.float64)

@@ -52,12 +52,13 @@ def export(src: Path, dest: Path, name: str, data: Path, credit: str, command: s
     beyond = report.mean_between(seq_len, eval_len)
     cfg = model.cfg.to_dict()
     echo = ", bar echo" + (f" over {cfg['echo_bars']} bars" if cfg.get("echo_bars", 1) > 1 else "")
+    clock = ", the bars since the piece began" + (" and since its melody came in" if len(cfg.get("bar_clock", [])) == 4 else "")
     recall = "".join(text for key, text in (("pitch_memory", ", pitch memory of the parts"),
                                                     ("interval_head", ", each part's pitch also scored as an interval"),
                                                     ("bar_echo", echo),
                                                     ("echo_head", ", the echoes 1-8 bars back also scored as the next token"),
                                                     ("melody_head", ", the accompaniment and chords also scored by the melody"),
-                                                    ("bar_clock", ", the bars since the piece began"))
+                                                    ("bar_clock", clock))
                      if cfg.get(key))
     sampling_flag = f" --sampling {','.join(f'{k}={v:g}' for k, v in sampling.items())}" if sampling else ""
     card = f"""# {name}

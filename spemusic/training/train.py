@@ -644,8 +644,9 @@ def model_config(run: Run, base_model: Performer | None, tokenizer: REMITokenize
         model_cfg = replace(model_cfg, repeat_marks=repeat_marks_config(tokenizer))  # added, or the copy marks added
     if cfg.melody_head and not model_cfg.melody_head:
         model_cfg = replace(model_cfg, **melody_head_config(bool(model_cfg.bar_echo), tokenizer))
-    if cfg.bar_clock and len(model_cfg.bar_clock) < len(bar_clock_config(tokenizer)["bar_clock"]):
-        model_cfg = replace(model_cfg, **bar_clock_config(tokenizer))  # added, or its melody clock added
+    clock = bar_clock_config(tokenizer) if cfg.bar_clock else {}
+    if clock and len(model_cfg.bar_clock) < len(clock["bar_clock"]):
+        model_cfg = replace(model_cfg, **clock)  # added, or its melody clock added
     if model_cfg.has_absolute_pe and cfg.seq_len > model_cfg.max_len:
         raise OptionError("{seq_len} {n} is past {model}'s absolute positions ({limit}); SPE models have no such "
                           "limit", n=cfg.seq_len, model=cfg.init_from, limit=model_cfg.max_len)
