@@ -22,7 +22,7 @@
                                        [--only pop-piano|groove] [--groove-model NAME_OR_PATH]
                                        [--pop-model NAME_OR_PATH] [--top-p P] [--bar-top-p P] [--temperature T]
                                        [--chords "C G Am F"] [--onset-top-p P] [--repeat W] [--hole-penalty N]
-                                       [--stacking S] [--seed S]
+                                       [--stacking S] [--follow-repeats N] [--seed S]
 """
 
 from __future__ import annotations
@@ -99,6 +99,7 @@ def main() -> None:
     ap.add_argument("--repeat", type=float, default=None, help="default: the model's, as generate has it")
     ap.add_argument("--hole-penalty", type=float, default=None, help="default: the model's, as generate has it")
     ap.add_argument("--stacking", type=float, default=None, help="default: the model's, as generate has it")
+    ap.add_argument("--follow-repeats", type=float, default=None, help="default: the model's, as generate has it")
     ap.add_argument("--seed", type=int, default=0, help="added to every piece's seed: another draw of the same benchmark")
     ap.add_argument("--out", default="benchmarks/results/music_metrics.json")
     args = ap.parse_args()
@@ -108,7 +109,8 @@ def main() -> None:
         info = read_metadata(resolve(model_name))["info"]
         return SamplingOptions.for_model(info.get("name"), args.temperature, 0, top_p=args.top_p,
                                  bar_top_p=args.bar_top_p, onset_top_p=args.onset_top_p, repeat=args.repeat,
-                                 hole_penalty=args.hole_penalty, stacking=args.stacking)
+                                 hole_penalty=args.hole_penalty, stacking=args.stacking,
+                                 follow_repeats=args.follow_repeats)
 
     results = {}
     if args.only != "groove":
@@ -327,7 +329,7 @@ def pop_piano(args, opts) -> dict:
     print(f"pop-piano ({args.pop_model}): {len(generated)} pieces of {args.length} tokens from scratch and "
           f"{len(continued)} continuations of 4-bar prompts (POP909 valid) up to {args.length} tokens "
           f"({wall:.0f} s), top-p {opts.top_p}, bar top-p {opts.bar_top_p}, onset top-p {opts.onset_top_p}, "
-          f"hole penalty {opts.hole_penalty}, stacking {opts.stacking}, "
+          f"hole penalty {opts.hole_penalty}, stacking {opts.stacking}, follow repeats {opts.follow_repeats}, "
           f"temperature {opts.temperature}, repeat {opts.repeat}; "
           f"real: {len(real)} POP909 valid "
           f"songs{' re-barred by their beat annotations' if annotated else ''}, first {args.length} tokens")
@@ -350,7 +352,7 @@ def pop_piano(args, opts) -> dict:
     result = {"model": str(args.pop_model), "generated": gen_m, "continued": cont_m, "real": real_m,
               "tracks_max": int(max(tracks)), "top_p": opts.top_p, "bar_top_p": opts.bar_top_p, "temperature": opts.temperature,
               "onset_top_p": opts.onset_top_p, "repeat": opts.repeat, "hole_penalty": opts.hole_penalty,
-              "stacking": opts.stacking,
+              "stacking": opts.stacking, "follow_repeats": opts.follow_repeats,
               "per_piece": {"generated": gen_rows, "continued": cont_rows}}
     if tok.config.parts:
         result["parts"], result["accompany"] = part_means, accompanied

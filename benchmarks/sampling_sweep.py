@@ -4,6 +4,7 @@ the means of the music metrics and (models with parts) the part metrics, beside 
 songs' own (re-barred by their beat annotations, the same number of tokens).
 
     python benchmarks/sampling_sweep.py [--model pop-piano] [--pieces 16] [--length 2048] [--seed 11]
+                                        [--vary follow_repeats=3,10]   # also these values of one option
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ LABELS = {"bars_4_4": "4/4 bars", "beats_with_onset": "beat onsets", "notes_per_
           "melody_leaps": "mel. leaps", "bass_fourth_fifth": "bass 4th/5th", "velocity_spread": "vel. spread",
           "melody_entry": "mel. enters", "opening_notes_per_bar": "opening"}
 # each sampling option's value that turns it off (the model alone)
-OFF = dict(top_p=1.0, bar_top_p=1.0, onset_top_p=1.0, repeat=0.0, hole_penalty=0.0, stacking=1.0)
+OFF = dict(top_p=1.0, bar_top_p=1.0, onset_top_p=1.0, repeat=0.0, hole_penalty=0.0, stacking=1.0, follow_repeats=0.0)
 PART_KEYS = ("melody_bars", "melody_notes_per_bar", "melody_steps", "melody_leaps", "bass_fourth_fifth",
              "velocity_spread", "melody_entry", "opening_notes_per_bar")
 
@@ -52,6 +53,7 @@ def main() -> None:
     ap.add_argument("--pieces", type=int, default=16)
     ap.add_argument("--length", type=int, default=2048)
     ap.add_argument("--seed", type=int, default=11)
+    ap.add_argument("--vary", default=None, help="KEY=V1,V2,…: variants with that sampling option at those values")
     args = ap.parse_args()
     torch.set_num_threads(max(1, torch.get_num_threads()))
     model, tok = load_model(args.model)
@@ -60,6 +62,11 @@ def main() -> None:
     knobs = [k for k in SAMPLING_DEFAULTS if getattr(defaults, k) != OFF[k]]
     variants = {"defaults": {}, **{f"no {k}": {k: OFF[k]} for k in knobs},
                 "model alone": {k: OFF[k] for k in knobs}}
+    if args.vary:
+        key, _, values = args.vary.partition("=")
+        if key not in SAMPLING_DEFAULTS or not values:
+            raise SystemExit(f"--vary: KEY=V1,V2 with KEY one of {', '.join(SAMPLING_DEFAULTS)} (got {args.vary!r})")
+        variants.update({f"{key} {float(v):g}": {key: float(v)} for v in values.split(",")})
     keys = KEYS + (PART_KEYS if tok.config.parts else ())
     real = means([cut(s, tok, args.length) for s in open_dataset(
         DATA, tok.config, beats_dir=DATA / "beats", chords_dir=DATA / "chords").sequences("valid")], tok)

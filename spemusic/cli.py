@@ -146,6 +146,9 @@ REPEAT_HELP = ("How strongly a piece repeats its earlier bars, 0 to 1: the share
                + _sampling_default("repeat"))
 HOLE_PENALTY_HELP = ("Nats taken off the chance of each next onset per beat of silence it would leave (beyond a "
                      "quarter beat, after every note has ended); 0 turns it off. " + _sampling_default("hole_penalty"))
+FOLLOW_REPEATS_HELP = ("Nats added, in a bar whose repeat mark calls it like an earlier bar (not a copy), to the "
+                      "token that bar wrote at the same place: the model chose the repeat, this keeps its notes to "
+                      "it; 0 turns it off (models with repeat marks). " + _sampling_default("follow_repeats"))
 STACKING_HELP = ("Once an onset holds two notes, the odds of one more note there are multiplied by this (below 1: "
                  "fewer stacked notes); 1 turns it off. " + _sampling_default("stacking"))
 
@@ -523,6 +526,7 @@ ONSET_TOP_P_OPTION = typer.Option(None, "--onset-top-p", help=ONSET_TOP_P_HELP)
 REPEAT_OPTION = typer.Option(None, "--repeat", help=REPEAT_HELP)
 HOLE_PENALTY_OPTION = typer.Option(None, "--hole-penalty", help=HOLE_PENALTY_HELP)
 STACKING_OPTION = typer.Option(None, "--stacking", help=STACKING_HELP)
+FOLLOW_REPEATS_OPTION = typer.Option(None, "--follow-repeats", help=FOLLOW_REPEATS_HELP)
 TOP_K_OPTION = typer.Option(0, "--top-k", help="Keep the K most likely tokens; 0 turns it off.")
 SEED_OPTION = typer.Option(None, help="Random seed: same seed, options and model give the same file. "
                           "\\[default: a new one, printed]")
@@ -981,6 +985,7 @@ def generate(
     repeat: float | None = REPEAT_OPTION,
     hole_penalty: float | None = HOLE_PENALTY_OPTION,
     stacking: float | None = STACKING_OPTION,
+    follow_repeats: float | None = FOLLOW_REPEATS_OPTION,
     top_k: int = TOP_K_OPTION,
     seed: int | None = SEED_OPTION,
     meter: str | None = typer.Option(None, "--meter", help="Time signature of the whole piece, e.g. 3/4 "
@@ -1038,7 +1043,8 @@ def generate(
                               parts=parse_parts(parts) if parts is not None else None,
                               overlaps="layers" if keep_overlaps else "trim", weights_dtype=_weights_dtype(precision))
     asked = dict(top_p=top_p, bar_top_p=bar_top_p, onset_top_p=onset_top_p, repeat=repeat,
-                 hole_penalty=hole_penalty, stacking=stacking)
+                 hole_penalty=hole_penalty, stacking=stacking,
+                 follow_repeats=follow_repeats)
     _generate_or_continue(model, None, None, config, temperature, top_k, asked, output, overwrite, device, as_json,
                           False, png=png, threads=threads, audio=audio, part_programs=part_programs)
 
@@ -1062,6 +1068,7 @@ def continue_(
     repeat: float | None = REPEAT_OPTION,
     hole_penalty: float | None = HOLE_PENALTY_OPTION,
     stacking: float | None = STACKING_OPTION,
+    follow_repeats: float | None = FOLLOW_REPEATS_OPTION,
     top_k: int = TOP_K_OPTION,
     seed: int | None = SEED_OPTION,
     output: str | None = typer.Option(None, "-o", "--output", help="Output .mid (OUT-1.mid … with --num), or a "
@@ -1109,7 +1116,8 @@ def continue_(
                               chord_strength=chord_strength, overlaps="layers" if keep_overlaps else "trim",
                               weights_dtype=_weights_dtype(precision))
     asked = dict(top_p=top_p, bar_top_p=bar_top_p, onset_top_p=onset_top_p, repeat=repeat,
-                 hole_penalty=hole_penalty, stacking=stacking)
+                 hole_penalty=hole_penalty, stacking=stacking,
+                 follow_repeats=follow_repeats)
     output = output or Path(f"{prompt.with_suffix('').name}-continued.mid")
     _generate_or_continue(model, prompt, prompt_bars, config, temperature, top_k, asked, output, overwrite, device,
                           as_json, only_continuation, beats=beats, from_bar=from_bar, png=png, threads=threads,
@@ -1296,6 +1304,7 @@ def accompany(
     repeat: float | None = REPEAT_OPTION,
     hole_penalty: float | None = HOLE_PENALTY_OPTION,
     stacking: float | None = STACKING_OPTION,
+    follow_repeats: float | None = FOLLOW_REPEATS_OPTION,
     top_k: int = TOP_K_OPTION,
     seed: int | None = SEED_OPTION,
     beats: Path | None = typer.Option(None, "--beats", help="Beat annotation of the melody file (time, beat-in-bar; "
@@ -1344,7 +1353,8 @@ def accompany(
         raise SpemusicError("--parts: the melody is the file's; name the parts to write under it (bridge, piano)")
     config = GenerationConfig(num=num, seed=seed, chords=parse_chords(chords) if chords is not None else None,
                               chord_strength=chord_strength, parts=wanted)
-    asked = dict(top_p=top_p, onset_top_p=onset_top_p, repeat=repeat, hole_penalty=hole_penalty, stacking=stacking)
+    asked = dict(top_p=top_p, onset_top_p=onset_top_p, repeat=repeat, hole_penalty=hole_penalty, stacking=stacking,
+                 follow_repeats=follow_repeats)
     config, paths, soundfont = _before_sampling(config, temperature, top_k, asked, device,
                                                 output or Path(f"{melody.with_suffix('').name}-accompanied.mid"),
                                                 overwrite, png, audio, threads)
@@ -1433,6 +1443,7 @@ def play(
     repeat: float | None = REPEAT_OPTION,
     hole_penalty: float | None = HOLE_PENALTY_OPTION,
     stacking: float | None = STACKING_OPTION,
+    follow_repeats: float | None = FOLLOW_REPEATS_OPTION,
     seed: int | None = typer.Option(None, help="Random seed \\[default: a new one, printed]"),
     port: str | None = typer.Option(None, "--port", help="Send MIDI to this output port (mido with python-rtmidi)."),
     to_stdout: bool = typer.Option(False, "--stdout", help="Write raw audio to stdout: 16-bit stereo at 44.1 kHz, "
@@ -1473,7 +1484,8 @@ def play(
     if (to_stdout or midi_to_stdout) and sys.stdout.isatty():
         raise SpemusicError("stdout is a terminal: pipe it (| aplay -f cd) or redirect it (> live.raw)")
     asked = dict(top_p=top_p, bar_top_p=bar_top_p, onset_top_p=onset_top_p, repeat=repeat,
-                 hole_penalty=hole_penalty, stacking=stacking)
+                 hole_penalty=hole_penalty, stacking=stacking,
+                 follow_repeats=follow_repeats)
     _sampling_options({}, temperature, 0, **asked)  # refused before any work when out of range
     if record is not None:
         if record.suffix.lower() not in (".mid", ".midi"):

@@ -178,7 +178,8 @@ class TrainConfig:
 # the name it was released under (its checkpoint's info["name"]); docs/sampling.md says why.
 # the chord-tone bias of --chords (sampling.chord_tones), in nats: the models alone follow chord tokens weakly
 CHORD_STRENGTH = 2.0
-SAMPLING_DEFAULTS = dict(top_p=1.0, bar_top_p=0.8, onset_top_p=1.0, repeat=0.0, hole_penalty=0.0, stacking=1.0)
+SAMPLING_DEFAULTS = dict(top_p=1.0, bar_top_p=0.8, onset_top_p=1.0, repeat=0.0, hole_penalty=0.0, stacking=1.0,
+                         follow_repeats=0.0)
 MODEL_SAMPLING = {
     # groove's continuations keep closer to their prompt's style with the unlikely hits cut: one
     # stray hit and the model takes the bar for a fill (benchmarks/groove_drift.py)
@@ -186,8 +187,9 @@ MODEL_SAMPLING = {
     # pop-piano leaves fewer holes with the far onsets cut and the onsets that would leave a hole
     # discouraged, and stacks as many notes per onset with the odds of a third note and more
     # tempered. The continuous cache (--repeat) is off: with parts it made the melody repeat its
-    # own notes instead of moving by steps
-    "pop-piano": dict(onset_top_p=0.9, hole_penalty=4.0, stacking=0.8),
+    # own notes instead of moving by steps. A bar its repeat mark calls like an earlier one keeps
+    # to that bar's notes (drawn alone, a quarter of those bars came out alike)
+    "pop-piano": dict(onset_top_p=0.9, hole_penalty=4.0, stacking=0.8, follow_repeats=6.0),
 }
 
 

@@ -513,6 +513,78 @@ def test_a_copy_mark_is_followed_by_its_bar_written_again():
     assert st.copy is None
 
 
+def test_a_like_bar_names_what_its_bar_wrote_at_each_place_and_the_sampler_keeps_to_it(tmp_path):
+    """The phrase played twice, its second time with each bar's last note held a beat longer:
+    each of those melody sweeps is marked like the bar 4 back (not a copy). Along it, the grammar
+    names the token that bar wrote at each place (its shorter duration where this one is longer:
+    the places stay aligned), no velocity, and the sweep's end once its notes are done. The
+    sampler adds its nats there and nowhere else."""
+    from spemusic.generation.sampling import follow_like_bars
+    from spemusic.tokens.chords import read_chords
+    from spemusic.tokens.grammar import GrammarState
+
+    varied = [(p, s, d + (1 if s % 4 == 2 and s >= 16 else 0), v) for p, s, d, v in TWICE]
+    ids = COPIES_TOK.encode(write_tracks(tmp_path / "varied.mid", [("MELODY", 0, varied), ("PIANO", 0, PIANO_TWICE)]))
+    tok, grammar, kinds = COPIES_TOK, REMIGrammar(COPIES_TOK), COPIES_TOK.kinds
+    sweeps = sweeps_after_marks(ids, tok)
+    assert [name for name, *_ in sweeps[0::2]] == ["Repeat_0"] * 4 + ["Repeat_4"] * 4
+    st, checked, longer = GrammarState(), 0, 0
+    for i, t in enumerate(ids[:-1]):
+        grammar.advance(st, int(t))
+        want = grammar.like_bar(st)
+        if st.like is None or st.marks != 1:
+            assert want is None or st.marks == 2  # (the piano's own marks: like or copy)
+            continue
+        nxt = int(ids[i + 1])
+        if kinds[nxt] == kinds[tok._vel_first]:
+            assert want is None
+        elif kinds[nxt] == REPEAT:  # the melody's sweep is done: any mark ends it
+            assert want.sum() == len(tok.mark_lags) and want[nxt]
+        elif want.sum() == 1 and not want[nxt]:  # the held note: the bar 4 back's is a beat shorter
+            named = int(np.flatnonzero(want)[0])
+            assert kinds[nxt] == kinds[named] == kinds[tok._dur_first] and named < nxt
+            longer += 1
+        else:
+            assert want.sum() == 1 and want[nxt]
+        checked += 1
+    assert checked > 40 and longer == 4
+    # the piano's bar 6 held longer: like the bar 4 back; under another chord it is no longer held
+    piano = [(p, s, d + (2 if s == 24 else 0), v) for p, s, d, v in PIANO_TWICE]
+    (tmp_path / "c.txt").write_text("0.0 16.0 C:maj\n")  # (120 bpm: all 8 bars)
+    ids = tok.encode(write_tracks(tmp_path / "piano.mid", [("MELODY", 0, TWICE), ("PIANO", 0, piano)]),
+                     chords=read_chords(tmp_path / "c.txt"))
+    mark = np.flatnonzero(kinds[ids] == REPEAT)[2 * 6 + 1]
+    assert tok.vocab[ids[mark]] == "Repeat_4" and tok.vocab[ids[mark + 2]].startswith("Chord_")
+    for chord, held in ((int(ids[mark + 2]), True), (tok.token_to_id["Chord_F#:maj"], False)):
+        st = GrammarState()
+        for t in [*ids[:mark + 2], chord]:
+            grammar.advance(st, int(t))
+        assert (st.like is not None) == held
+    logits = np.where(grammar.allowed(st, allow_eos=False), 0.0, -np.inf).astype(np.float32)[None]
+    st.like = [int(np.flatnonzero(np.isfinite(logits[0]))[0])] if st.like is None else st.like
+    held = follow_like_bars(logits, [st], grammar, 3.0)
+    assert np.isneginf(held[np.isneginf(logits)]).all() and np.array_equal(follow_like_bars(logits, [st], grammar, 0.0), logits)
+    assert set(np.unique(held[np.isfinite(held)] - logits[np.isfinite(logits)])) <= {0.0, 3.0}
+
+
+def test_a_sampled_like_bar_keeps_to_its_bar_with_follow_repeats(monkeypatch):
+    """A random model's like-bar marks (no copy marks in its vocabulary): with --follow-repeats
+    far more of its bars repeat an earlier one (its pieces re-tokenized: each mark is read off
+    the notes) than its own odds draw."""
+    from spemusic.generation.sampling import SamplingOptions, sample
+
+    monkeypatch.setenv("SPEMUSIC_COMPILE", "0")
+    model, tok, grammar = _tiny_marked_model(), REPEATS_TOK, REMIGrammar(REPEATS_TOK)
+
+    def repeats(nats: float) -> int:
+        opts = SamplingOptions(bar_top_p=0.8, onset_top_p=0.9, follow_repeats=nats)
+        pieces = sample(model, tok, num=2, bars=12, seed=3, options=opts).ids
+        assert all(grammar.is_valid(ids) for ids in pieces)
+        return sum(name != "Repeat_0" for ids in pieces for name, *_ in sweeps_after_marks(ids, tok))
+
+    assert repeats(20.0) > 2 * repeats(0.0) + 2
+
+
 def _tiny_marked_model(tok=REPEATS_TOK):
     """A random tiny model over `tok` with the bar echo, the echo head and the marks."""
     import torch

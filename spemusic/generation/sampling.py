@@ -424,6 +424,23 @@ def temper_stacking(logits: np.ndarray, states: list[GrammarState], scale: float
     return out
 
 
+def follow_like_bars(logits: np.ndarray, states: list[GrammarState], grammar: REMIGrammar, nats: float) -> np.ndarray:
+    """Where a piece writes a sweep its Repeat mark says is like an earlier bar's (a lag, not a
+    copy), add `nats` to the token that bar wrote at this place (REMIGrammar.like_bar): the
+    model chose the repeat, and its notes, each drawn at its own odds, had kept a quarter of such
+    sweeps alike (docs/sampling.md). Its velocities, and anything that bar did not have, stay
+    the model's."""
+    if nats <= 0 or not grammar.repeats:
+        return logits
+    out = None
+    for b, st in enumerate(states):
+        want = grammar.like_bar(st)
+        if want is not None:
+            out = logits.copy() if out is None else out
+            out[b, want] += np.float32(nats)  # (a token masked out stays at -inf)
+    return logits if out is None else out
+
+
 @dataclass
 class OnsetTokens:
     """The token ids the onset corrections act on: `onsets`, every Position then the bar line (the
@@ -630,6 +647,7 @@ def sample(model: Performer, tokenizer: REMITokenizer, config: GenerationConfig 
                 steer.favour_chord_tones(logits[b], pieces.states[b], pieces.bars_started[b])
             masked = np.where(masks, logits, NEG_INF)
             at_bar = np.array([not pieces.done[b] and st.last == BAR for b, st in enumerate(pieces.states)])
+            masked = follow_like_bars(masked, pieces.steered_states(), grammar, options.follow_repeats)
             masked = steer_onsets(masked, pieces.steered_states(), options, onset_ids)
             nxt = draw(filter_logits(masked, options, at_bar, changes), rng).tolist()
             for b in pieces.going():
@@ -696,6 +714,7 @@ def stream_bars(model: Performer, tokenizer: REMITokenizer, *, prompt: np.ndarra
         if opens_on_meter(st, from_scratch):
             nxt = int(masked[0].argmax())
         else:
+            masked = follow_like_bars(masked, [st], grammar, options.follow_repeats)
             masked = steer_onsets(masked, [st], options, onset_ids)
             nxt = int(draw(filter_logits(masked, options, np.array([st.last == BAR]), changes), rng)[0])
         if nxt == tokenizer.bar_id and bar:

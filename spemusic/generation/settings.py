@@ -38,6 +38,8 @@ class SamplingOptions:
                                # beat (discourage_holes); 0: off
     stacking: float = 1.0   # once an onset holds two notes, the odds of one more there are multiplied by this
                             # (temper_stacking); 1: off
+    follow_repeats: float = 0.0  # nats added, in a bar its Repeat mark calls like an earlier one, to the token
+                                 # that bar wrote at this place (sampling.follow_like_bars); 0: off
     repeat: float = 0.0     # the continuous cache's largest share (spemusic.generation.cache): the piece copies its
                             # earlier bars where it is somewhere it has been before; 0: off
 
@@ -56,6 +58,9 @@ class SamplingOptions:
             raise OptionError("{hole_penalty} must be between 0 (off) and 100 (got {value})", value=self.hole_penalty)
         if not (0 < self.stacking <= 10):
             raise OptionError("{stacking} must be in (0, 10] (got {value})", value=self.stacking)
+        if not (math.isfinite(self.follow_repeats) and 0 <= self.follow_repeats <= 100):
+            raise OptionError("{follow_repeats} must be between 0 (off) and 100 nats (got {value})",
+                              value=self.follow_repeats)
         if not (0 <= self.repeat <= 1):
             raise OptionError("{repeat} must be between 0 (off) and 1 (got {value})", value=self.repeat)
 

@@ -91,6 +91,7 @@ class GrammarState:
     swept_before: tuple = ()      # repeats: `swept` of the bars before, the last first (as many as a mark reaches)
     copy: list | None = None      # copies: the sweep a copy mark in force names (None: no copy going on)
     copy_at: int = 0              # how many of its tokens the copy has written
+    like: list | None = None      # repeats: the sweep a Repeat mark of a like bar in force names (not a copy)
     eos: bool = False
 
 
@@ -309,6 +310,37 @@ class REMIGrammar:
         if (m & want).any():
             m &= want
 
+    def like_bar(self, st: GrammarState) -> np.ndarray | None:
+        """While a Repeat mark of a like bar is in force (a lag, not a copy: the sampler writes
+        those), the tokens the sweep it names wrote at this place, as V bools: its token at the
+        same offset from the same onset Position (the next onset it had, where this onset has
+        as many notes as its had), or the end of the sweep where it had no more onsets and a note
+        just ended. None where it names nothing here: a velocity (each note's own), an onset
+        that sweep did not have."""
+        if st.like is None:
+            return None
+        named, written = st.like, st.swept[st.marks - 1]
+        onset = next((i for i in range(len(written) - 1, -1, -1) if self.pos_lo <= written[i] < self.pos_hi), -1)
+        if onset < 0:
+            at = len(written)
+        elif written[onset] in named:
+            at = named.index(written[onset]) + len(written) - onset
+        else:
+            return None
+        want = np.zeros(self.V, dtype=bool)
+        if at < len(named):
+            if self.kind_of[named[at]] == VELOCITY:
+                return None
+            want[named[at]] = True
+        elif st.last == NOTE_END:
+            if st.marks == 1:
+                want[self.mark_lo:self.mark_hi] = True
+            else:
+                want[self.tok.bar_id] = want[self.tok.eos_id] = True
+        else:
+            return None
+        return want
+
     def _allowed_note(self, st: GrammarState, m: np.ndarray) -> np.ndarray:
         """Inside a note (after its Program, Pitch or Velocity): the same in both grammars."""
         last = st.last
@@ -356,7 +388,7 @@ class REMIGrammar:
             if self.repeats:
                 if st.bars > 1:
                     st.swept_before = (st.swept, *st.swept_before[:self.longest_lag - 1])
-                st.swept, st.copy = ([], []), None
+                st.swept, st.copy, st.like = ([], []), None, None
             if st.sounding is not None:
                 st.sounding -= st.bar_len  # the bar that ends here
             st.bar_len = self.bar_steps.get(st.timesig, self.default_bar)
@@ -410,8 +442,9 @@ class REMIGrammar:
         elif kind == REPEAT:
             st.marks += 1
             # (a prompt's copy mark may name a bar the prompt no longer holds: then no copy)
-            copied = self._swept(st, self.mark_lags[token - self.mark_lo], st.marks - 1) if token >= self.copy_lo else []
-            st.copy, st.copy_at = copied or None, 0
+            named = self._swept(st, self.mark_lags[token - self.mark_lo], st.marks - 1)
+            st.copy, st.copy_at = (named or None) if token >= self.copy_lo else None, 0
+            st.like = (named or None) if token < self.copy_lo else None
             if st.marks == 2:  # the other parts' sweep begins
                 st.in_melody, st.pos, st.melody_closed = False, -1, False
                 st.last_note, st.used, st.notes_here = (-1, -1, -1, -1), set(), 0
@@ -422,7 +455,12 @@ class REMIGrammar:
 
     def _record(self, st: GrammarState, token: int, kind: int) -> None:
         """Keep a token of the sweep in progress, and follow the copy in force: a token it did not
-        name (a velocity may differ) ends it."""
+        name (a velocity may differ) ends it. A like bar ends where its chord is not the one the
+        bar it names had there (a chord the user asked for): those notes were for another chord."""
+        if st.like is not None and kind == CHORD:
+            named = self.like_bar(st)
+            if named is None or not named[token]:
+                st.like = None
         st.swept[st.marks - 1].append(token)
         if st.copy is not None:
             named = st.copy[st.copy_at] if st.copy_at < len(st.copy) else -1
