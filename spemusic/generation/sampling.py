@@ -647,8 +647,9 @@ def sample(model: Performer, tokenizer: REMITokenizer, config: GenerationConfig 
                 steer.favour_chord_tones(logits[b], pieces.states[b], pieces.bars_started[b])
             masked = np.where(masks, logits, NEG_INF)
             at_bar = np.array([not pieces.done[b] and st.last == BAR for b, st in enumerate(pieces.states)])
-            masked = follow_like_bars(masked, pieces.steered_states(), grammar, options.follow_repeats)
-            masked = steer_onsets(masked, pieces.steered_states(), options, onset_ids)
+            steered = pieces.steered_states()
+            masked = steer_onsets(follow_like_bars(masked, steered, grammar, options.follow_repeats), steered, options,
+                                  onset_ids)
             nxt = draw(filter_logits(masked, options, at_bar, changes), rng).tolist()
             for b in pieces.going():
                 if opens_on_meter(pieces.states[b], pieces.from_scratch):
