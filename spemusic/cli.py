@@ -1043,8 +1043,7 @@ def generate(
                               parts=parse_parts(parts) if parts is not None else None,
                               overlaps="layers" if keep_overlaps else "trim", weights_dtype=_weights_dtype(precision))
     asked = dict(top_p=top_p, bar_top_p=bar_top_p, onset_top_p=onset_top_p, repeat=repeat,
-                 hole_penalty=hole_penalty, stacking=stacking,
-                 follow_repeats=follow_repeats)
+                 hole_penalty=hole_penalty, stacking=stacking, follow_repeats=follow_repeats)
     _generate_or_continue(model, None, None, config, temperature, top_k, asked, output, overwrite, device, as_json,
                           False, png=png, threads=threads, audio=audio, part_programs=part_programs)
 
@@ -1116,8 +1115,7 @@ def continue_(
                               chord_strength=chord_strength, overlaps="layers" if keep_overlaps else "trim",
                               weights_dtype=_weights_dtype(precision))
     asked = dict(top_p=top_p, bar_top_p=bar_top_p, onset_top_p=onset_top_p, repeat=repeat,
-                 hole_penalty=hole_penalty, stacking=stacking,
-                 follow_repeats=follow_repeats)
+                 hole_penalty=hole_penalty, stacking=stacking, follow_repeats=follow_repeats)
     output = output or Path(f"{prompt.with_suffix('').name}-continued.mid")
     _generate_or_continue(model, prompt, prompt_bars, config, temperature, top_k, asked, output, overwrite, device,
                           as_json, only_continuation, beats=beats, from_bar=from_bar, png=png, threads=threads,
@@ -1484,8 +1482,7 @@ def play(
     if (to_stdout or midi_to_stdout) and sys.stdout.isatty():
         raise SpemusicError("stdout is a terminal: pipe it (| aplay -f cd) or redirect it (> live.raw)")
     asked = dict(top_p=top_p, bar_top_p=bar_top_p, onset_top_p=onset_top_p, repeat=repeat,
-                 hole_penalty=hole_penalty, stacking=stacking,
-                 follow_repeats=follow_repeats)
+                 hole_penalty=hole_penalty, stacking=stacking, follow_repeats=follow_repeats)
     _sampling_options({}, temperature, 0, **asked)  # refused before any work when out of range
     if record is not None:
         if record.suffix.lower() not in (".mid", ".midi"):

@@ -188,7 +188,7 @@ MODEL_SAMPLING = {
     # discouraged, and stacks as many notes per onset with the odds of a third note and more
     # tempered. The continuous cache (--repeat) is off: with parts it made the melody repeat its
     # own notes instead of moving by steps. A bar its repeat mark calls like an earlier one keeps
-    # to that bar's notes (drawn alone, a quarter of those bars came out alike)
+    # to that bar's notes (drawn alone, a fifth of those bars came out alike)
     "pop-piano": dict(onset_top_p=0.9, hole_penalty=4.0, stacking=0.8, follow_repeats=6.0),
 }
 

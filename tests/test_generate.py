@@ -613,6 +613,7 @@ def test_sampling_defaults_follow_the_model():
     assert (mine.top_p, mine.bar_top_p) == (0.9, 0.8)  # what the user gives wins
     # the cache and the onset nucleus where they were measured
     assert (pop.repeat, pop.onset_top_p, pop.hole_penalty, pop.stacking) == (0.0, 0.9, 4.0, 0.8)
+    assert (pop.follow_repeats, groove.follow_repeats, mine.follow_repeats) == (6.0, 0.0, 0.0)
     assert (groove.repeat, groove.onset_top_p, groove.hole_penalty, groove.stacking) == (0.0, 1.0, 0.0, 1.0)
     assert (mine.repeat, mine.onset_top_p, mine.hole_penalty, mine.stacking) == (0.0, 1.0, 0.0, 1.0)
     assert SamplingOptions.for_model("pop-piano", repeat=0.0).repeat == 0.0

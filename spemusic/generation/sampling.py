@@ -427,9 +427,9 @@ def temper_stacking(logits: np.ndarray, states: list[GrammarState], scale: float
 def follow_like_bars(logits: np.ndarray, states: list[GrammarState], grammar: REMIGrammar, nats: float) -> np.ndarray:
     """Where a piece writes a sweep its Repeat mark says is like an earlier bar's (a lag, not a
     copy), add `nats` to the token that bar wrote at this place (REMIGrammar.like_bar): the
-    model chose the repeat, and its notes, each drawn at its own odds, had kept a quarter of such
-    sweeps alike (docs/sampling.md). Its velocities, and anything that bar did not have, stay
-    the model's."""
+    model chose the repeat, and its notes, each drawn at its own odds, had kept a fifth of such
+    sweeps alike (docs/design.md, "Like bars"). Its velocities, and anything that bar did not
+    have, stay the model's."""
     if nats <= 0 or not grammar.repeats:
         return logits
     out = None

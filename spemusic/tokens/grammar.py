@@ -442,9 +442,9 @@ class REMIGrammar:
         elif kind == REPEAT:
             st.marks += 1
             # (a prompt's copy mark may name a bar the prompt no longer holds: then no copy)
-            named = self._swept(st, self.mark_lags[token - self.mark_lo], st.marks - 1)
-            st.copy, st.copy_at = (named or None) if token >= self.copy_lo else None, 0
-            st.like = (named or None) if token < self.copy_lo else None
+            named = self._swept(st, self.mark_lags[token - self.mark_lo], st.marks - 1) or None
+            is_copy = token >= self.copy_lo
+            st.copy, st.copy_at, st.like = (named if is_copy else None), 0, (None if is_copy else named)
             if st.marks == 2:  # the other parts' sweep begins
                 st.in_melody, st.pos, st.melody_closed = False, -1, False
                 st.last_note, st.used, st.notes_here = (-1, -1, -1, -1), set(), 0
