@@ -571,8 +571,8 @@ TRAIN_OPTIONS = {
                     "follows the melody it cannot otherwise read sharply). Needs --melody-first and --bar-echo "
                     "or a model with it; added to an --init-from model at zero.")),
     "bar_clock": ("Model", ("Every token also sees how many bars the piece has had, up to 16, and with parts how "
-                  "many since its melody came in (a song opens on an intro; a training window from inside a "
-                  "song reads as one well into it). Added to an --init-from model at zero.")),
+                  "many since its melody came in and since it last played (a song opens on an intro; a training "
+                  "window from inside a song reads as one well into it). Added to an --init-from model at zero.")),
     "recall_lr_scale": ("Optimisation", ("The --pitch-memory, --bar-echo and --bar-clock tables learn this many "
                         "times faster than the rest (they start at zero).")),
     "max_len": ("Model", ("Longest sequence of an absolute PE (ape, sinusoidal, axial; axial-continuous is scaled "

@@ -99,7 +99,7 @@ class TrainConfig:
     melody_head: bool = False    # the other parts' pitches scored as intervals from the melody sounding there,
                                  # the chords by the bar's melody (needs melody first and the bar echo; at zero)
     bar_clock: bool = False      # every token sees the bars since the piece began and since its melody came in,
-                                 # up to 16 (added at zero)
+                                 # up to 16, and since it last played, up to 8 (added at zero)
     recall_lr_scale: float = 10.0  # the stream features' tables learn this many times faster than the rest
 
     def check(self) -> None:

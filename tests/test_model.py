@@ -1123,31 +1123,42 @@ def test_melody_head_config_errors():
         ModelConfig.preset("tiny", vocab_size=200, **{**ok, "pitch_range": [0, 0]})
 
 
-def test_the_bar_clock_counts_bars_from_bos_and_from_the_melodys_entry_and_reads_a_window_from_inside_a_song_as_late():
-    """Rows: the Bars so far from BOS, capped, and the bars since the melody's first note (0
-    before); the last rows throughout a context that did not open on BOS; the same over chunks
-    carried as in one pass, and the same on the model's step."""
+def test_the_bar_clock_counts_bars_from_bos_from_the_melodys_entry_and_from_its_last_note():
+    """Rows: the Bars so far from BOS, capped; the bars since the melody's first note (0 before);
+    the last rows of both throughout a context that did not open on BOS; the bars since the
+    melody last played (0 in a bar it plays in, capped; the last row before any melody), known
+    in any context; the same over chunks carried as in one pass, and the same on the model's step."""
     from spemusic.nn.recall import bar_clock
 
     BOS, BAR, MEL = 1, 3, 7
-    song = torch.tensor([[BOS, BAR, 8, 8, BAR, 7, BAR, 9, BAR, 7, BAR, 7]])
-    rows, melody, carry = bar_clock(song, None, BOS, BAR, 3, MEL)
-    assert rows.tolist() == [[0, 1, 1, 1, 2, 2, 3, 3, 3, 3, 3, 3]]
-    assert melody.tolist() == [[0, 0, 0, 0, 0, 1, 2, 2, 3, 3, 3, 3]]
-    assert carry.tolist() == [[1, 5, 2]]
-    inside, inside_melody, _ = bar_clock(song[:, 4:], None, BOS, BAR, 3, MEL)  # a window from a bar line on
-    assert inside.tolist() == inside_melody.tolist() == [[3] * 8]
-    first, first_melody, carry = bar_clock(song[:, :5], None, BOS, BAR, 3, MEL)
-    rest, rest_melody, _ = bar_clock(song[:, 5:], carry, BOS, BAR, 3, MEL)
+    song = torch.tensor([[BOS, BAR, 8, 8, BAR, 7, BAR, 9, BAR, 7, BAR, 8, BAR, 8, BAR, 8, BAR]])
+    rows, melody, rests, carry = bar_clock(song, None, BOS, BAR, 3, MEL, 2)
+    assert rows.tolist() == [[0, 1, 1, 1, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3]]
+    assert melody.tolist() == [[0, 0, 0, 0, 0, 1, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3, 3]]
+    assert rests.tolist() == [[2, 2, 2, 2, 2, 0, 1, 1, 1, 0, 1, 1, 1, 1, 1, 1, 1]]
+    assert carry.tolist() == [[1, 8, 2, 4]]
+    _, _, rests, _ = bar_clock(song, None, BOS, BAR, 3, MEL, 4)
+    assert rests.tolist() == [[4, 4, 4, 4, 4, 0, 1, 1, 2, 0, 1, 1, 2, 2, 3, 3, 3]]
+    inside, inside_melody, inside_rests, _ = bar_clock(song[:, 4:], None, BOS, BAR, 3, MEL, 4)  # from a bar line on
+    assert inside.tolist() == inside_melody.tolist() == [[3] * 13]
+    assert inside_rests.tolist() == [[4, 0, 1, 1, 2, 0, 1, 1, 2, 2, 3, 3, 3]]
+    first, first_melody, first_rests, carry = bar_clock(song[:, :6], None, BOS, BAR, 3, MEL, 4)
+    rest, rest_melody, rest_rests, _ = bar_clock(song[:, 6:], carry, BOS, BAR, 3, MEL, 4)
     assert torch.cat([first, rest], 1).tolist() == rows.tolist()
     assert torch.cat([first_melody, rest_melody], 1).tolist() == melody.tolist()
+    assert torch.cat([first_rests, rest_rests], 1).tolist() == rests.tolist()
     with pytest.raises(SpemusicError, match="bar_clock must be"):
         ModelConfig.preset("tiny", vocab_size=200, bar_clock=[1, 3, 0])
+    with pytest.raises(SpemusicError, match="bar_clock must be"):
+        ModelConfig.preset("tiny", vocab_size=200, bar_clock=[BOS, BAR, 3, MEL, 0])
     torch.manual_seed(0)
-    m = Performer(ModelConfig.preset("tiny", vocab_size=200, bar_clock=[BOS, BAR, 3, MEL])).eval()
+    m = Performer(ModelConfig.preset("tiny", vocab_size=200, bar_clock=[BOS, BAR, 3, MEL, 4])).eval()
     with torch.no_grad():
         m.bar_clock.weight.normal_(0.0, 1.0)
         m.melody_clock.weight.normal_(0.0, 1.0)
+        full = m(song)
+        m.rest_clock.weight.normal_(0.0, 1.0)
+        assert (m(song)[:, 5:] - full[:, 5:]).abs().amax(-1).min().item() > 0.01  # the rest clock is read
         full = m(song)
     assert (full[:, 4:] - m(song[:, 4:])).abs().max().item() > 0.1  # the clock is read
     assert (_primed_then_stepped(m, song, prompt=5, chunk=3) - full).abs().max().item() <= 1e-4

@@ -195,6 +195,7 @@ def test_the_melody_head_and_the_bar_clock_read_the_same_in_the_compiled_step_th
         m.chord_head.weight.normal_(0.0, 1.0)
         m.bar_clock.weight.normal_(0.0, 0.5)
         m.melody_clock.weight.normal_(0.0, 0.5)
+        m.rest_clock.weight.normal_(0.0, 0.5)
         full = m(ids)
     assert ((full - base(ids)).abs().amax(-1) > 0.1).sum() > 500  # the accompaniment's notes and chords
     compiled, eager, _, _ = _compiled_and_eager(m, ids, 2100)

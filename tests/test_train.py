@@ -502,8 +502,8 @@ def test_pitch_memory_and_bar_echo_fine_tune(run_cli, pop_subset, pop_cache, tmp
                            "--piece-starts", 1.0, "--steps", 1, "--seq-len", 128, "--batch-size", 2, "--val-every", 1)
     assert code == 0, err
     model, tok = load_model(tmp_path / "z" / "last")
-    assert model.cfg.bar_clock == [tok.bos_id, tok.bar_id, 16, tok.token_to_id["Program_melody"]]
-    assert model.bar_clock.weight[:3].abs().sum() > 0
+    assert model.cfg.bar_clock == [tok.bos_id, tok.bar_id, 16, tok.token_to_id["Program_melody"], 8]
+    assert model.bar_clock.weight[:3].abs().sum() > 0 and model.rest_clock.weight.abs().sum() > 0
     refusals = ((cache, ("--bar-echo",), "--melody-head needs each bar's melody first: add --melody-first"),
                 (first, (), "--melody-head needs the bar echo: add --bar-echo"))
     for data, flags, message in refusals:

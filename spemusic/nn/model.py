@@ -130,9 +130,10 @@ class ModelConfig:
     # more table); `melody_durations` [first Duration id, the grid steps of each];
     # `melody_chords` [first Chord id, qualities]: the Chord ids, root by root, each scored by
     # the bar's melody pitch classes relative to its root (a table per quality). Bar clock: [BOS
-    # id, Bar id, bars(, melody Program id)]: every token sees how many bars the piece has had
-    # since BOS, up to `bars` (and, with the melody's id, since the melody entered; a second
-    # table) (recall.bar_clock; the last rows also for a context that did not open on BOS).
+    # id, Bar id, bars(, melody Program id(, rest bars))]: every token sees how many bars the piece
+    # has had since BOS, up to `bars` (and, with the melody's id, since the melody entered; a
+    # second table; with rest bars, since it last played, up to that many: a third)
+    # (recall.bar_clock; the last rows also for a context that did not open on BOS).
     pitch_memory: list = field(default_factory=list)
     pitch_range: list = field(default_factory=lambda: [0, 0])
     bar_echo: list = field(default_factory=list)
@@ -187,10 +188,11 @@ class ModelConfig:
                           and 0 <= c[0] and c[0] + 12 * c[1] <= self.vocab_size):
                 raise SpemusicError(f"model config: melody_chords must be [first Chord id, qualities], not {c!r}")
         c = self.bar_clock
-        if c and not (isinstance(c, list) and len(c) in (3, 4) and ids_ok(c[:2] + c[3:]) and isinstance(c[2], int)
-                      and not isinstance(c[2], bool) and 1 <= c[2] <= 256):
-            raise SpemusicError(f"model config: bar_clock must be [BOS id, Bar id, bars 1 … 256(, melody Program id)], "
-                                f"not {c!r}")
+        counts = lambda v, top: all(isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= top for n in v)  # noqa: E731
+        if c and not (isinstance(c, list) and len(c) in (3, 4, 5) and ids_ok(c[:2] + c[3:4]) and counts(c[2:3], 256)
+                      and counts(c[4:], 64)):
+            raise SpemusicError(f"model config: bar_clock must be [BOS id, Bar id, bars 1 … 256(, melody Program id(, "
+                                f"rest bars 1 … 64))], not {c!r}")
         lo_hi = self.pitch_range
         pitches_ok = ids_ok(lo_hi) and len(lo_hi) == 2 and lo_hi[1] - lo_hi[0] == 128
         if (self.pitch_memory or self.interval_head or self.melody_head) and not pitches_ok:
@@ -240,7 +242,8 @@ class ModelConfig:
             spe = per_code * (1 if self.share_pe else L)
         absolute = self.max_len * d if self.pe in ("ape", "sinusoidal") else 0
         recall = (129 * len(self.pitch_memory) + (self.vocab_size + 1 if self.bar_echo else 0)
-                  + ((len(self.bar_clock) - 2) * (self.bar_clock[2] + 1) if self.bar_clock else 0))
+                  + (min(len(self.bar_clock) - 2, 2) * (self.bar_clock[2] + 1) if self.bar_clock else 0)
+                  + (self.bar_clock[4] + 1 if len(self.bar_clock) == 5 else 0))
         heads = (2 * len(self.interval_head) * (2 * self.interval_reach + 2)
                  + len(self.echo_head) * (self.echo_window + 1) * self.echo_tables * (len(self.echo_kinds) + 1)
                  + ((2 * len(self.melody_head) - 1) * (2 * self.interval_reach + 2) if self.melody_head else 0)
@@ -543,9 +546,13 @@ class Performer(nn.Module):
             self.bar_clock = nn.Embedding(cfg.bar_clock[2] + 1, cfg.d_model)
             nn.init.zeros_(self.bar_clock.weight)
         self.melody_clock: nn.Embedding | None = None
-        if len(cfg.bar_clock) == 4:  # row b: b bars since the melody entered (0: not yet); the last as the clock's
+        if len(cfg.bar_clock) >= 4:  # row b: b bars since the melody entered (0: not yet); the last as the clock's
             self.melody_clock = nn.Embedding(cfg.bar_clock[2] + 1, cfg.d_model)
             nn.init.zeros_(self.melody_clock.weight)
+        self.rest_clock: nn.Embedding | None = None
+        if len(cfg.bar_clock) == 5:  # row b: the melody last played b bars back (0: in this bar); the last: not yet
+            self.rest_clock = nn.Embedding(cfg.bar_clock[4] + 1, cfg.d_model)
+            nn.init.zeros_(self.rest_clock.weight)
         self.interval_head: nn.Embedding | None = None
         if cfg.interval_head:  # row 2 * part + across a bar line; column j: j - reach semitones, the last farther
             self.interval_head = nn.Embedding(2 * len(cfg.interval_head), 2 * cfg.interval_reach + 2)
@@ -654,10 +661,12 @@ class Performer(nn.Module):
                                                          self.cfg.pitch_range, self.cfg.bar_id)
             reads["interval"] = tuple(anchor)
         if self.bar_clock is not None:
-            rows, melody_rows, after["clock"] = clock_rows(ids, carry.get("clock"), *self.cfg.bar_clock)
+            rows, melody_rows, rest_rows, after["clock"] = clock_rows(ids, carry.get("clock"), *self.cfg.bar_clock)
             x = x + self.bar_clock(rows).to(x.dtype)
             if self.melody_clock is not None:
                 x = x + self.melody_clock(melody_rows).to(x.dtype)
+            if self.rest_clock is not None:
+                x = x + self.rest_clock(rest_rows).to(x.dtype)
         if self.pitch_memory is not None:
             rows, after["pitch"] = memory_rows(ids, carry.get("pitch"), self.memory_programs, self.cfg.pitch_range)
             x = x + self.pitch_memory(rows).sum(-2).to(x.dtype)

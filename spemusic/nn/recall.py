@@ -47,7 +47,11 @@ they change nothing until training moves them.
   bars does: far enough in that the opening no longer matters. A second table reads the bars
   since the melody entered: once a song's melody is in, it stays (POP909's first 2,048 tokens:
   98% of the bars after it), and with the first clock alone the model, told "bar 6", dropped it
-  in a third of them.
+  in a third of them. A third table reads the bars since the melody last played: v10, with the
+  first two, let its melody rest in 17% of the bars after its entry (the songs' openings 2%), and
+  after one bar of rest brought it back in only 0.6 of them (the songs' openings 0.78; whole
+  songs, where a rest opens an interlude, 0.35): whether the last bar had melody, 100-200 tokens
+  back, is as faint to linear attention as the bar count.
 
 * Interval anchor: where a token opens a note of a part (its Program), the last pitch that part
   wrote. The model's interval head (spemusic.nn.model) scores the coming Pitch as an interval from
@@ -76,8 +80,8 @@ MELODY_SPAN = 48
 # least REGISTER_LEAST of them)
 REGISTER_NOTES, REGISTER_LEAST = 16, 4
 # the bar clock's carry before a context's first token: [opened on BOS (-1: not known yet), Bars so
-# far, Bars at the melody's first note (-1: none yet)]
-CLOCK_START = (-1, 0, -1)
+# far, Bars at the melody's first note, at its last (-1: none yet)]
+CLOCK_START = (-1, 0, -1, -1)
 
 
 def _held_pitches(ids: torch.Tensor, carry: torch.Tensor, programs: torch.Tensor, pitch_range) -> tuple:
@@ -107,25 +111,30 @@ def pitch_memory(ids: torch.Tensor, carry: torch.Tensor | None, programs: torch.
 
 
 def bar_clock(ids: torch.Tensor, carry: torch.Tensor | None, bos_id: int, bar_id: int, bars: int,
-              melody_id: int = -1) -> tuple:
+              melody_id: int = -1, rests: int = 0) -> tuple:
     """Rows (B, T) of the bar clock's table for ids (B, T): the Bar tokens the piece has had up to
     each token (0: BOS, before the first Bar), `bars` from that many on and wherever the context
     did not open on BOS; rows (B, T) of the melody clock's: the bars since the melody's first note
-    (its Program token, `melody_id`; 1 in the bar it enters, 0 before), `bars` as the other's; and
-    the carry after `ids` (B, 3): [whether it opened on BOS, Bars so far, the Bars at the melody's
-    first note (-1: none yet)]. `carry` None, or -1 first: the ids open the context."""
+    (its Program token, `melody_id`; 1 in the bar it enters, 0 before), `bars` as the other's;
+    rows (B, T) of the rest clock's: the bars since the melody's last note (0: it played in this
+    bar, up to `rests` - 1), `rests` before the melody's first note in the context (known in any
+    context, as the melody is seen); and the carry after `ids` (B, 4): [whether it opened on BOS,
+    Bars so far, the Bars at the melody's first note, at its last (-1: none yet)]. `carry` None,
+    or -1 first: the ids open the context."""
     if carry is None:
-        carry = ids.new_tensor(CLOCK_START).expand(ids.shape[0], 3)
+        carry = ids.new_tensor(CLOCK_START).expand(ids.shape[0], 4)
     opened = torch.where(carry[:, :1] < 0, ids[:, :1] == bos_id, carry[:, :1] > 0)  # (B, 1)
     count = carry[:, 1:2] + (ids == bar_id).long().cumsum(1)
     # the count at the melody's first note in ids: the least count among its Program tokens so far
     never = torch.iinfo(count.dtype).max
     first = torch.where(ids == melody_id, count, never).cummin(1).values
-    entry = torch.where(carry[:, 2:] >= 0, carry[:, 2:], torch.where(first < never, first, -1))
+    entry = torch.where(carry[:, 2:3] >= 0, carry[:, 2:3], torch.where(first < never, first, -1))
     since = torch.where(entry >= 0, count - entry + 1, 0)
+    last = torch.maximum(torch.where(ids == melody_id, count, -1).cummax(1).values, carry[:, 3:4])
     rows = torch.where(opened, count.clamp(max=bars), bars)
     melody_rows = torch.where(opened, since.clamp(max=bars), bars)
-    return rows, melody_rows, torch.cat([opened.long(), count[:, -1:], entry[:, -1:]], 1)
+    rest_rows = torch.where(last >= 0, (count - last).clamp(max=max(rests - 1, 0)), rests)
+    return rows, melody_rows, rest_rows, torch.cat([opened.long(), count[:, -1:], entry[:, -1:], last[:, -1:]], 1)
 
 
 def interval_anchor(ids: torch.Tensor, carry: torch.Tensor | None, programs: torch.Tensor, pitch_range,

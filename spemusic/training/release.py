@@ -52,7 +52,9 @@ def export(src: Path, dest: Path, name: str, data: Path, credit: str, command: s
     beyond = report.mean_between(seq_len, eval_len)
     cfg = model.cfg.to_dict()
     echo = ", bar echo" + (f" over {cfg['echo_bars']} bars" if cfg.get("echo_bars", 1) > 1 else "")
-    clock = ", the bars since the piece began" + (" and since its melody came in" if len(cfg.get("bar_clock", [])) == 4 else "")
+    clock = ", the bars since the piece began" + {4: " and since its melody came in",
+                                                  5: ", since its melody came in and since it last played"}.get(
+        len(cfg.get("bar_clock", [])), "")
     recall = "".join(text for key, text in (("pitch_memory", ", pitch memory of the parts"),
                                                     ("interval_head", ", each part's pitch also scored as an interval"),
                                                     ("bar_echo", echo),

@@ -162,12 +162,14 @@ def melody_head_config(bar_echo: bool, tokenizer: REMITokenizer) -> dict:
 # the bars the bar clock tells apart (recall.bar_clock): POP909's melody enters by bar 12 in nine
 # songs in ten, and a 2,048-token window from a song's start reaches bar 20 or so
 CLOCK_BARS = 16
+# the bars of rest the rest clock tells apart: past a few, a song is in an interlude
+REST_BARS = 8
 
 
 def bar_clock_config(tokenizer: REMITokenizer) -> dict:
     """The model config field of a bar clock (spemusic.nn.recall.bar_clock), with parts also
-    counting the bars since the melody entered."""
-    melody = [tokenizer.token_to_id["Program_melody"]] if tokenizer.config.parts else []
+    counting the bars since the melody entered and since it last played."""
+    melody = [tokenizer.token_to_id["Program_melody"], REST_BARS] if tokenizer.config.parts else []
     return {"bar_clock": [tokenizer.bos_id, tokenizer.bar_id, CLOCK_BARS, *melody]}
 
 
@@ -242,7 +244,8 @@ def decay_groups(model: torch.nn.Module, legacy: bool = False) -> tuple[list, li
 # gently: at the model's learning rate they would take thousands of steps to say anything (100
 # steps at 8e-5 left pop-piano's melody intervals as they were), so they learn faster
 # (TrainConfig.recall_lr_scale times the rate).
-RECALL_PARAMETERS = ("pitch_memory.weight", "bar_echo.weight", "bar_clock.weight", "melody_clock.weight")
+RECALL_PARAMETERS = ("pitch_memory.weight", "bar_echo.weight", "bar_clock.weight", "melody_clock.weight",
+                     "rest_clock.weight")
 # The interval head is a table of a few hundred scores, each read by thousands of notes a step: it
 # needs scores near a nat apart within a fine-tune of a few hundred steps at the lineage's low rate.
 INTERVAL_PARAMETERS, INTERVAL_LR_SCALE = ("interval_head.weight",), 100.0
@@ -646,7 +649,7 @@ def model_config(run: Run, base_model: Performer | None, tokenizer: REMITokenize
         model_cfg = replace(model_cfg, **melody_head_config(bool(model_cfg.bar_echo), tokenizer))
     clock = bar_clock_config(tokenizer) if cfg.bar_clock else {}
     if clock and len(model_cfg.bar_clock) < len(clock["bar_clock"]):
-        model_cfg = replace(model_cfg, **clock)  # added, or its melody clock added
+        model_cfg = replace(model_cfg, **clock)  # added, or its melody or rest clock added
     if model_cfg.has_absolute_pe and cfg.seq_len > model_cfg.max_len:
         raise OptionError("{seq_len} {n} is past {model}'s absolute positions ({limit}); SPE models have no such "
                           "limit", n=cfg.seq_len, model=cfg.init_from, limit=model_cfg.max_len)
