@@ -228,6 +228,13 @@ class ModelConfig:
             if not isinstance(getattr(self, name), bool):
                 raise SpemusicError(f"model config: {name} must be true or false, not {getattr(self, name)!r}")
 
+    @property
+    def clock_tables(self) -> list[int]:
+        """The rows of each of the bar clock's tables, in recall.bar_clock's order: the bars since
+        BOS, since the melody entered, since it last played (each with its last row)."""
+        c = self.bar_clock
+        return [n + 1 for n in (c[2], c[2], *c[4:5])][:len(c) - 2] if c else []
+
     def size_estimate(self) -> int:
         """Parameters and buffers the model holds (its dominant terms, without building it): what
         loading it costs, checked against the memory before anything is allocated."""
@@ -242,8 +249,7 @@ class ModelConfig:
             spe = per_code * (1 if self.share_pe else L)
         absolute = self.max_len * d if self.pe in ("ape", "sinusoidal") else 0
         recall = (129 * len(self.pitch_memory) + (self.vocab_size + 1 if self.bar_echo else 0)
-                  + (min(len(self.bar_clock) - 2, 2) * (self.bar_clock[2] + 1) if self.bar_clock else 0)
-                  + (self.bar_clock[4] + 1 if len(self.bar_clock) == 5 else 0))
+                  + sum(self.clock_tables))
         heads = (2 * len(self.interval_head) * (2 * self.interval_reach + 2)
                  + len(self.echo_head) * (self.echo_window + 1) * self.echo_tables * (len(self.echo_kinds) + 1)
                  + ((2 * len(self.melody_head) - 1) * (2 * self.interval_reach + 2) if self.melody_head else 0)
@@ -541,18 +547,14 @@ class Performer(nn.Module):
         if cfg.bar_echo:  # row V: no echo
             self.bar_echo = nn.Embedding(cfg.vocab_size + 1, cfg.d_model)
             nn.init.zeros_(self.bar_echo.weight)
-        self.bar_clock: nn.Embedding | None = None
-        if cfg.bar_clock:  # row b: bar b since BOS; the last also for later bars and a context without BOS
-            self.bar_clock = nn.Embedding(cfg.bar_clock[2] + 1, cfg.d_model)
-            nn.init.zeros_(self.bar_clock.weight)
-        self.melody_clock: nn.Embedding | None = None
-        if len(cfg.bar_clock) >= 4:  # row b: b bars since the melody entered (0: not yet); the last as the clock's
-            self.melody_clock = nn.Embedding(cfg.bar_clock[2] + 1, cfg.d_model)
-            nn.init.zeros_(self.melody_clock.weight)
-        self.rest_clock: nn.Embedding | None = None
-        if len(cfg.bar_clock) == 5:  # row b: the melody last played b bars back (0: in this bar); the last: not yet
-            self.rest_clock = nn.Embedding(cfg.bar_clock[4] + 1, cfg.d_model)
-            nn.init.zeros_(self.rest_clock.weight)
+        # the bar clock's tables (recall.bar_clock): row b of the first, bar b since BOS; of the
+        # second, b bars since the melody entered (0: not yet); of the third, the melody last played
+        # b bars back (0: in this bar); the last row of each also for a context without BOS or
+        # past the table (the third's: no melody yet)
+        clocks = [nn.Embedding(n, cfg.d_model) for n in cfg.clock_tables]
+        for table in clocks:
+            nn.init.zeros_(table.weight)
+        self.bar_clock, self.melody_clock, self.rest_clock = (clocks + [None] * 3)[:3]
         self.interval_head: nn.Embedding | None = None
         if cfg.interval_head:  # row 2 * part + across a bar line; column j: j - reach semitones, the last farther
             self.interval_head = nn.Embedding(2 * len(cfg.interval_head), 2 * cfg.interval_reach + 2)
@@ -639,6 +641,11 @@ class Performer(nn.Module):
         return self.spe.streams(codes, start, self.device) if codes is not None else []
 
     @property
+    def clocks(self) -> list[nn.Embedding]:
+        """The bar clock's tables it has, in recall.bar_clock's order."""
+        return [t for t in (self.bar_clock, self.melody_clock, self.rest_clock) if t is not None]
+
+    @property
     def recalls(self) -> bool:
         """Whether the model reads features off its own stream (spemusic.nn.recall), carried in State.recall."""
         return (self.pitch_memory is not None or self.bar_echo is not None or self.interval_head is not None
@@ -661,12 +668,9 @@ class Performer(nn.Module):
                                                          self.cfg.pitch_range, self.cfg.bar_id)
             reads["interval"] = tuple(anchor)
         if self.bar_clock is not None:
-            rows, melody_rows, rest_rows, after["clock"] = clock_rows(ids, carry.get("clock"), *self.cfg.bar_clock)
-            x = x + self.bar_clock(rows).to(x.dtype)
-            if self.melody_clock is not None:
-                x = x + self.melody_clock(melody_rows).to(x.dtype)
-            if self.rest_clock is not None:
-                x = x + self.rest_clock(rest_rows).to(x.dtype)
+            *rows, after["clock"] = clock_rows(ids, carry.get("clock"), *self.cfg.bar_clock)
+            for table, r in zip(self.clocks, rows):
+                x = x + table(r).to(x.dtype)
         if self.pitch_memory is not None:
             rows, after["pitch"] = memory_rows(ids, carry.get("pitch"), self.memory_programs, self.cfg.pitch_range)
             x = x + self.pitch_memory(rows).sum(-2).to(x.dtype)

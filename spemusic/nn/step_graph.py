@@ -156,12 +156,9 @@ def _input(ids: torch.Tensor, t: torch.Tensor, x: torch.Tensor, code: torch.Tens
         _intervals(ids, iv, P)
     emb = P["tok"][ids]
     if clock is not None:
-        rows, melody_rows, rest_rows, after = recall.bar_clock(ids[:, None], clock, *P["clock_cfg"])
-        emb = emb + P["clock_rows"][rows[:, 0]]
-        if "melody_clock_rows" in P:
-            emb = emb + P["melody_clock_rows"][melody_rows[:, 0]]
-        if "rest_clock_rows" in P:
-            emb = emb + P["rest_clock_rows"][rest_rows[:, 0]]
+        *rows, after = recall.bar_clock(ids[:, None], clock, *P["clock_cfg"])
+        for table, r in zip(P["clock_tables"], rows):
+            emb = emb + table[r[:, 0]]
         clock.copy_(after)
     if carry is not None:
         emb = emb + P["echo_rows"][_echo(ids, carry, P["echo_cfg"])]
@@ -381,11 +378,7 @@ class StepGraph:
                        "profile": torch.zeros(B, 12)}
         self.clock = None
         if model.bar_clock is not None:
-            P.update(clock_rows=detach(model.bar_clock.weight.float()), clock_cfg=tuple(cfg.bar_clock))
-            if model.melody_clock is not None:
-                P["melody_clock_rows"] = detach(model.melody_clock.weight.float())
-            if model.rest_clock is not None:
-                P["rest_clock_rows"] = detach(model.rest_clock.weight.float())
+            P.update(clock_tables=[detach(t.weight.float()) for t in model.clocks], clock_cfg=tuple(cfg.bar_clock))
             clock = (state.recall or {}).get("clock")
             self.clock = (torch.tensor([recall.CLOCK_START]).repeat(B, 1) if clock is None else clock).contiguous()
             state.recall = {**(state.recall or {}), "clock": self.clock}  # kept current by the program
