@@ -573,6 +573,9 @@ TRAIN_OPTIONS = {
     "bar_clock": ("Model", ("Every token also sees how many bars the piece has had, up to 16, and with parts how "
                   "many since its melody came in and since it last played (a song opens on an intro; a training "
                   "window from inside a song reads as one well into it). Added to an --init-from model at zero.")),
+    "key_head": ("Model", ("Each part's pitches are also scored by how often each pitch class has sounded in "
+                 "the parts' notes so far (the piece's key, counted exactly: fewer notes outside it). Needs "
+                 "--parts; added to an --init-from model at zero.")),
     "recall_lr_scale": ("Optimisation", ("The --pitch-memory, --bar-echo and --bar-clock tables learn this many "
                         "times faster than the rest (they start at zero).")),
     "max_len": ("Model", ("Longest sequence of an absolute PE (ape, sinusoidal, axial; axial-continuous is scaled "
@@ -682,6 +685,7 @@ def train(
     echo_head: bool | None = _train_option("echo_head", "--echo-head/--no-echo-head"),
     melody_head: bool | None = _train_option("melody_head", "--melody-head/--no-melody-head"),
     bar_clock: bool | None = _train_option("bar_clock", "--bar-clock/--no-bar-clock"),
+    key_head: bool | None = _train_option("key_head", "--key-head/--no-key-head"),
     recall_lr_scale: float | None = _train_option("recall_lr_scale", "--recall-lr-scale"),
     seed: int | None = _train_option("seed"),
     max_len: int | None = _train_option("max_len", "--max-len"),

@@ -100,6 +100,8 @@ class TrainConfig:
                                  # the chords by the bar's melody (needs melody first and the bar echo; at zero)
     bar_clock: bool = False      # every token sees the bars since the piece began and since its melody came in,
                                  # up to 16, and since it last played, up to 8 (added at zero)
+    key_head: bool = False       # the parts' pitches also scored by the pitch classes their notes have sounded
+                                 # so far (needs parts; added at zero)
     recall_lr_scale: float = 10.0  # the stream features' tables learn this many times faster than the rest
 
     def check(self) -> None:

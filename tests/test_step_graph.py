@@ -205,3 +205,37 @@ def test_the_melody_head_and_the_bar_clock_read_the_same_in_the_compiled_step_th
     state = m.init_state(1)
     graph = StepGraph.of(m, state)
     assert (_stepped(graph, state, ids[:, :300]) - full[:, :300]).abs().max().item() <= 1e-4
+
+
+def test_the_key_head_reads_the_same_in_the_compiled_step_the_eager_step_and_the_parallel_pass(song, step_cache):
+    """The key head's scores (each part's pitch by the pitch classes counted so far) on every path
+    alike, carried across the prompt's chunks; at zero, nothing; the counts only of the parts'
+    notes."""
+    from spemusic.nn.recall import pitch_profile
+    from spemusic.training.train import key_head_config, widened
+
+    tok, ids = song
+    ids = ids[None, :2400]
+    base = _model(tok)
+    m = widened(base, replace(base.cfg, **key_head_config(tok))).eval()
+    base.resample(5), m.resample(5)
+    with torch.no_grad():
+        assert torch.equal(m(ids), base(ids))
+        m.key_head.weight.normal_(0.0, 1.0)
+        full = m(ids)
+    changed = (full - base(ids)).abs().amax(-1) > 0.1
+    is_part = torch.isin(ids, m.key_programs)
+    assert changed[is_part].float().mean() > 0.9 and not changed[~is_part].any()  # where a pitch comes next
+    compiled, eager, _, _ = _compiled_and_eager(m, ids, 2100)
+    assert (compiled - full[:, 2100:]).abs().max().item() <= 1e-4
+    assert (eager - full[:, 2100:]).abs().max().item() <= 1e-4
+    state = m.init_state(1)
+    graph = StepGraph.of(m, state)
+    assert (_stepped(graph, state, ids[:, :300]) - full[:, :300]).abs().max().item() <= 1e-4
+    # the counts: every note of the parts, by pitch class, as the song's own pitches give them
+    lo, _ = tok.range("Pitch")
+    _, profile, carry = pitch_profile(ids, None, m.key_programs, m.cfg.pitch_range)
+    notes = ids[0, 1:][is_part[0, :-1]] - lo
+    assert torch.equal(carry[0, 1:], torch.bincount(notes % 12, minlength=12))
+    share = (carry[0, 1:] + 1).float() / (len(notes) + 12)
+    assert torch.allclose(profile[0, -1].exp(), share)

@@ -461,11 +461,12 @@ def test_pitch_memory_and_bar_echo_fine_tune(run_cli, pop_subset, pop_cache, tmp
                    precision="fp32", seed=3)
     losses = {}
     for name, extra in (("plain", {}), ("memory", {"pitch_memory": True}), ("echo", {"bar_echo": True}),
-                        ("intervals", {"interval_head": True}), ("echo-head", {"bar_echo": True, "echo_head": True})):
+                        ("intervals", {"interval_head": True}), ("echo-head", {"bar_echo": True, "echo_head": True}),
+                        ("key", {"key_head": True})):
         train(TrainConfig(data=str(cache), init_from=str(tmp_path / "base" / "best"), **extra, **options),
               tmp_path / name)
         losses[name] = [m["train_loss"] for m in _metrics(tmp_path / name)]
-    for name in ("memory", "echo", "intervals", "echo-head"):  # same batches, same function at step 1
+    for name in ("memory", "echo", "intervals", "echo-head", "key"):  # same batches, same function at step 1
         assert losses[name][0] == pytest.approx(losses["plain"][0], abs=1e-3)
     model, tok = load_model(tmp_path / "memory" / "last")
     assert model.cfg.pitch_memory == [tok.token_to_id[f"Program_{p}"] for p in ("melody", "bridge", "piano")]
@@ -478,9 +479,12 @@ def test_pitch_memory_and_bar_echo_fine_tune(run_cli, pop_subset, pop_cache, tmp
     model, tok = load_model(tmp_path / "echo-head" / "last")
     assert model.cfg.echo_head == [1, 2, 4, 8] and model.echo_head.weight.abs().sum() > 0
     assert model.cfg.echo_kinds == [list(tok.range(kind)) for kind in ("Position", "Pitch", "Velocity", "Duration")]
+    model, tok = load_model(tmp_path / "key" / "last")
+    assert model.cfg.key_head == [tok.token_to_id[f"Program_{p}"] for p in ("melody", "bridge", "piano")]
+    assert model.key_head.weight.abs().sum() > 0
     code, _, err = run_cli("train", pop_cache, "-o", tmp_path / "x", "--preset", "tiny", "--echo-head", "--steps", 1)
     assert code == 1 and "--echo-head needs the bar echo: add --bar-echo" in err and "Traceback" not in err
-    for flag in ("--pitch-memory", "--interval-head"):
+    for flag in ("--pitch-memory", "--interval-head", "--key-head"):
         code, _, err = run_cli("train", pop_cache, "-o", tmp_path / "x", "--preset", "tiny", flag, "--steps", 1)
         assert code == 1 and f"{flag} needs parts" in err and "Traceback" not in err
     code, _, err = run_cli("train", pop_cache, "-o", tmp_path / "x", "--preset", "tiny", "--dropout", 1.5, "--steps", 1)

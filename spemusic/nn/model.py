@@ -50,8 +50,10 @@ from spemusic.nn.recall import (
     echo_places,
     interval_anchor,
     interval_scores,
+    key_scores,
     melody_reads,
     pitch_memory as memory_rows,
+    pitch_profile,
 )
 from spemusic.nn.recurrent import LayerPlan, State, build_plan
 from spemusic.nn.spe import ConvSPE, SineSPE, SPECodes, SPEFilter, mix_seed
@@ -133,7 +135,9 @@ class ModelConfig:
     # id, Bar id, bars(, melody Program id(, rest bars))]: every token sees how many bars the piece
     # has had since BOS, up to `bars` (and, with the melody's id, since the melody entered; a
     # second table; with rest bars, since it last played, up to that many: a third)
-    # (recall.bar_clock; the last rows also for a context that did not open on BOS).
+    # (recall.bar_clock; the last rows also for a context that did not open on BOS). Key head:
+    # the Program ids of the parts whose next Pitch is also scored by the pitch classes their
+    # notes have sounded so far (recall.pitch_profile), a table of 12 per part.
     pitch_memory: list = field(default_factory=list)
     pitch_range: list = field(default_factory=lambda: [0, 0])
     bar_echo: list = field(default_factory=list)
@@ -149,6 +153,7 @@ class ModelConfig:
     melody_durations: list = field(default_factory=list)
     melody_chords: list = field(default_factory=list)
     bar_clock: list = field(default_factory=list)
+    key_head: list = field(default_factory=list)
 
     def __post_init__(self):
         if self.attention not in ATTENTION_OPTIONS:
@@ -193,9 +198,11 @@ class ModelConfig:
                       and counts(c[4:], 64)):
             raise SpemusicError(f"model config: bar_clock must be [BOS id, Bar id, bars 1 … 256(, melody Program id(, "
                                 f"rest bars 1 … 64))], not {c!r}")
+        if not ids_ok(self.key_head) or len(self.key_head) > 8:
+            raise SpemusicError(f"model config: key_head must be at most 8 Program ids, not {self.key_head!r}")
         lo_hi = self.pitch_range
         pitches_ok = ids_ok(lo_hi) and len(lo_hi) == 2 and lo_hi[1] - lo_hi[0] == 128
-        if (self.pitch_memory or self.interval_head or self.melody_head) and not pitches_ok:
+        if (self.pitch_memory or self.interval_head or self.melody_head or self.key_head) and not pitches_ok:
             raise SpemusicError(f"model config: pitch_range must be the 128 Pitch ids [lo, hi), not {lo_hi!r}")
         if self.bar_echo and not (ids_ok(self.bar_echo) and len(self.bar_echo) == 3
                                   and self.bar_echo[1] < self.bar_echo[2]):
@@ -253,7 +260,7 @@ class ModelConfig:
         heads = (2 * len(self.interval_head) * (2 * self.interval_reach + 2)
                  + len(self.echo_head) * (self.echo_window + 1) * self.echo_tables * (len(self.echo_kinds) + 1)
                  + ((2 * len(self.melody_head) - 1) * (2 * self.interval_reach + 2) if self.melody_head else 0)
-                 + 12 * (self.melody_chords[1] if self.melody_chords else 0))
+                 + 12 * (self.melody_chords[1] if self.melody_chords else 0) + 12 * len(self.key_head))
         return (self.vocab_size + recall) * d + heads + L * per_block + spe + absolute
 
     @property
@@ -583,6 +590,13 @@ class Performer(nn.Module):
                 nn.init.zeros_(self.chord_head.weight)
                 # roots[r, i]: the pitch class i semitones above root r
                 self.register_buffer("roots", (torch.arange(12)[:, None] + torch.arange(12)) % 12, persistent=False)
+        self.key_head: nn.Embedding | None = None
+        if cfg.key_head:  # row s: part s; column i: the profile's share of the pitch class i semitones above
+            self.key_head = nn.Embedding(len(cfg.key_head), 12)
+            nn.init.zeros_(self.key_head.weight)  # added to a trained model, it changes nothing at first
+            self.register_buffer("key_programs", torch.tensor(cfg.key_head), persistent=False)
+            self.register_buffer("key_roots", (torch.arange(12)[:, None] + torch.arange(12)) % 12, persistent=False)
+            self.register_buffer("pitch_classes", torch.arange(128) % 12, persistent=False)
         if cfg.interval_head or cfg.melody_head:  # the Pitch ids' pitches, which both heads score intervals of
             self.register_buffer("pitches", torch.arange(128), persistent=False)
         self.drop = nn.Dropout(cfg.dropout)
@@ -649,14 +663,14 @@ class Performer(nn.Module):
     def recalls(self) -> bool:
         """Whether the model reads features off its own stream (spemusic.nn.recall), carried in State.recall."""
         return (self.pitch_memory is not None or self.bar_echo is not None or self.interval_head is not None
-                or self.melody_head is not None or self.bar_clock is not None)
+                or self.melody_head is not None or self.bar_clock is not None or self.key_head is not None)
 
     def embed(self, ids: torch.Tensor, start: int, carry: dict | None = None) -> tuple:
         """Token ids (B, T) at positions start.. -> ((B, T, d) with the absolute PE, if any, and
         the stream features; what those carry after these tokens, None for a model without them;
         what the output heads read, None without them: {"interval": (anchors, tables) each (B, T),
-        "echo": (candidates, agreements) each (B, T, K)}). `carry`: what the features carried
-        before these tokens (State.recall)."""
+        "echo": (candidates, agreements) each (B, T, K), "key": (slots (B, T), profiles (B, T, 12))}).
+        `carry`: what the features carried before these tokens (State.recall)."""
         x = self.tok(ids)
         if self.abs_pe is not None:
             x = x + self.abs_pe(start, ids.shape[1], ids.device).to(x.dtype)
@@ -671,6 +685,8 @@ class Performer(nn.Module):
             *rows, after["clock"] = clock_rows(ids, carry.get("clock"), *self.cfg.bar_clock)
             for table, r in zip(self.clocks, rows):
                 x = x + table(r).to(x.dtype)
+        if self.key_head is not None:
+            *reads["key"], after["key"] = pitch_profile(ids, carry.get("key"), self.key_programs, self.cfg.pitch_range)
         if self.pitch_memory is not None:
             rows, after["pitch"] = memory_rows(ids, carry.get("pitch"), self.memory_programs, self.cfg.pitch_range)
             x = x + self.pitch_memory(rows).sum(-2).to(x.dtype)
@@ -702,6 +718,12 @@ class Performer(nn.Module):
             logits = add_echo_scores(logits, self.echo_head.weight, *reads["echo"], self.echo_kind_offsets)
         if reads and "melody" in reads:
             logits = self.add_melody(logits, reads["melody"])
+        if reads and "key" in reads:
+            slot, profile = reads["key"]
+            lo = self.cfg.pitch_range[0]
+            scores = key_scores(slot, profile, self.key_head.weight, self.key_roots, self.pitch_classes)
+            logits = torch.cat([logits[..., :lo], logits[..., lo:lo + 128] + scores.to(logits.dtype),
+                                logits[..., lo + 128:]], -1)
         return logits
 
     def add_melody(self, logits: torch.Tensor, melody) -> torch.Tensor:

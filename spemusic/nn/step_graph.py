@@ -12,8 +12,8 @@ inductor's C++ in a shared library), each a few fused loops:
   its own key and searches the carried ones (the parallel path recomputes every key of its
   2,048-token context);
 * a layer, run once per layer on that layer's weights and state;
-* the head: the final norm and the logits (and the interval head's scores, with the part and
-  last pitch the input program found).
+* the head: the final norm and the logits (and the output heads' scores, from what the input
+  program read: the interval, melody and key heads').
 
 Each updates its inputs in place (the token's activations, the layer's attention state and
 short-convolution history, the echo's carry), so the calls pass the same tensors every token and
@@ -146,12 +146,14 @@ def _intervals(ids: torch.Tensor, iv: dict, P: dict) -> None:
 
 
 def _input(ids: torch.Tensor, t: torch.Tensor, x: torch.Tensor, code: torch.Tensor | None,
-           carry: dict | None, iv: dict | None, mh: dict | None, clock: torch.Tensor | None, P: dict) -> None:
+           carry: dict | None, iv: dict | None, mh: dict | None, clock: torch.Tensor | None, kh: dict | None,
+           P: dict) -> None:
     """The token ids (B,) at position t () float64 -> x (B, d): its embedding (and bar echo); code
     (2, H, D, R): the sineSPE code [Q̄_t; K̄_t] (SineSPE.code_at); with an interval head, where it
     reads (`_intervals`); with a melody head, what it reads of the bar's melody (recall.melody_reads
     over the echo's carried tokens and keys, this one's last); with a bar clock, its row (`clock`:
-    recall.bar_clock's carry). Written in place."""
+    recall.bar_clock's carry); with a key head, its reads (recall.pitch_profile, `kh`'s carry).
+    Written in place."""
     if iv is not None:
         _intervals(ids, iv, P)
     emb = P["tok"][ids]
@@ -160,6 +162,11 @@ def _input(ids: torch.Tensor, t: torch.Tensor, x: torch.Tensor, code: torch.Tens
         for table, r in zip(P["clock_tables"], rows):
             emb = emb + table[r[:, 0]]
         clock.copy_(after)
+    if kh is not None:
+        slot, profile, after = recall.pitch_profile(ids[:, None], kh["carry"], P["key_programs"], P["key_range"])
+        kh["slot"].copy_(slot[:, 0])
+        kh["profile"].copy_(profile[:, 0])
+        kh["carry"].copy_(after)
     if carry is not None:
         emb = emb + P["echo_rows"][_echo(ids, carry, P["echo_cfg"])]
     if mh is not None:
@@ -204,11 +211,13 @@ def _layer(x: torch.Tensor, S: torch.Tensor, hist: torch.Tensor | None, code: to
     x.copy_(h + _linear(F.gelu(_linear(_norm(h, L["ln2"]), *L["ff1"])), *L["ff2"]))
 
 
-def _head(x: torch.Tensor, iv: dict | None, eh: dict | None, mh: dict | None, P: dict) -> tuple[torch.Tensor, torch.Tensor]:
+def _head(x: torch.Tensor, iv: dict | None, eh: dict | None, mh: dict | None, kh: dict | None,
+          P: dict) -> tuple[torch.Tensor, torch.Tensor]:
     """-> (logits (B, V), the final-normed state (B, d)); with an interval head, its scores added
     to the Pitch logits (Performer.add_intervals); with an echo head, to its candidates'
     (recall.add_echo_scores; `eh`: the echo's carry as `_echo` left it); with a melody head, to
-    the Pitch and Chord logits (Performer.add_melody; `mh` as `_input` wrote it)."""
+    the Pitch and Chord logits (Performer.add_melody; `mh` as `_input` wrote it); with a key head,
+    to the Pitch logits (`kh` as `_input` wrote it)."""
     h = _norm(x, P["ln_f"])
     logits = _linear(h, P["tok"], None)
     if eh is not None:
@@ -228,6 +237,10 @@ def _head(x: torch.Tensor, iv: dict | None, eh: dict | None, mh: dict | None, P:
             first, Q = P["melody_chords"]
             scores = recall.chord_scores(mh["profile"], P["roots"], P["chord_rows"])
             logits = torch.cat([logits[:, :first], logits[:, first:first + 12 * Q] + scores, logits[:, first + 12 * Q:]], 1)
+    if kh is not None:
+        lo = P["key_range"][0]
+        scores = recall.key_scores(kh["slot"], kh["profile"], P["key_rows"], P["key_roots"], P["pitch_classes"])
+        logits = torch.cat([logits[:, :lo], logits[:, lo:lo + 128] + scores, logits[:, lo + 128:]], 1)
     return logits, h
 
 
@@ -382,6 +395,15 @@ class StepGraph:
             clock = (state.recall or {}).get("clock")
             self.clock = (torch.tensor([recall.CLOCK_START]).repeat(B, 1) if clock is None else clock).contiguous()
             state.recall = {**(state.recall or {}), "clock": self.clock}  # kept current by the program
+        self.kh = None
+        if model.key_head is not None:
+            P.update(key_programs=model.key_programs, key_range=tuple(cfg.pitch_range), key_roots=model.key_roots,
+                     pitch_classes=model.pitch_classes, key_rows=detach(model.key_head.weight.float()))
+            carry = (state.recall or {}).get("key")
+            if carry is None:
+                carry = torch.cat([torch.full((B, 1), -1), torch.zeros(B, 12)], 1).long()
+            self.kh = {"carry": carry.contiguous(), "slot": torch.zeros(B, dtype=torch.long), "profile": torch.zeros(B, 12)}
+            state.recall = {**(state.recall or {}), "key": self.kh["carry"]}  # kept current by the program
         self.ids = torch.zeros(B, dtype=torch.long)
         self.t = torch.zeros((), dtype=torch.float64)
         self.x = torch.zeros(B, cfg.d_model)
@@ -404,11 +426,11 @@ class StepGraph:
             layers.append(L)
         hist = lambda i: state.histories[i] if cfg.short_conv else None  # noqa: E731
         tag = f"{cfg.vocab_size}v{cfg.n_layers}x{cfg.d_model}-b{B}-{str(plan.weights_dtype).split('.')[-1]}"
-        self.input = _Program(_input, (self.ids, self.t, self.x, self.code, self.carry, self.iv, self.mh, self.clock, P),
+        self.input = _Program(_input, (self.ids, self.t, self.x, self.code, self.carry, self.iv, self.mh, self.clock, self.kh, P),
                               f"input-{tag}")
         self.layers = [_Program(_layer, (self.x, state.layers[i], hist(i), self.code, L), f"layer-{tag}")
                        for i, L in enumerate(layers)]
-        self.head = _Program(_head, (self.x, self.iv, self.eh, self.mh, P), f"head-{tag}")
+        self.head = _Program(_head, (self.x, self.iv, self.eh, self.mh, self.kh, P), f"head-{tag}")
 
     @torch.no_grad()
     def __call__(self, state: State, next_ids: torch.Tensor, want_hidden: bool = False):

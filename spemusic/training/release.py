@@ -60,7 +60,9 @@ def export(src: Path, dest: Path, name: str, data: Path, credit: str, command: s
                                                     ("bar_echo", echo),
                                                     ("echo_head", ", the echoes 1-8 bars back also scored as the next token"),
                                                     ("melody_head", ", the accompaniment and chords also scored by the melody"),
-                                                    ("bar_clock", clock))
+                                                    ("bar_clock", clock),
+                                                    ("key_head", (", the parts' pitches also scored by the piece's "
+                                                                 "pitch classes so far")))
                      if cfg.get(key))
     sampling_flag = f" --sampling {','.join(f'{k}={v:g}' for k, v in sampling.items())}" if sampling else ""
     card = f"""# {name}

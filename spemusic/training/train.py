@@ -173,6 +173,15 @@ def bar_clock_config(tokenizer: REMITokenizer) -> dict:
     return {"bar_clock": [tokenizer.bos_id, tokenizer.bar_id, CLOCK_BARS, *melody]}
 
 
+def key_head_config(tokenizer: REMITokenizer) -> dict:
+    """The model config fields of a key head (spemusic.nn.recall.pitch_profile): the parts'
+    pitches scored by the pitch classes the parts have sounded so far."""
+    if not tokenizer.config.parts:
+        raise OptionError("{key_head} needs parts in the tokens: add {parts}")
+    return {"key_head": [tokenizer.token_to_id[f"Program_{p}"] for p in PARTS],
+            "pitch_range": list(tokenizer.range("Pitch"))}
+
+
 def repeat_marks_config(tokenizer: REMITokenizer) -> list:
     """The model config's repeat_marks: [id, lag] of each of the tokenizer's Repeat marks."""
     return [[i, lag] for i, lag in enumerate(tokenizer.mark_lags.tolist(), start=tokenizer.range("Repeat")[0])]
@@ -196,7 +205,7 @@ def widened(model: Performer, cfg: ModelConfig) -> Performer:
     if widen_echo_head:
         state.pop("echo_head.weight")
     missing, unexpected = new.load_state_dict(state, strict=False)
-    added = RECALL_PARAMETERS + INTERVAL_PARAMETERS + ECHO_HEAD_PARAMETERS + MELODY_HEAD_PARAMETERS
+    added = RECALL_PARAMETERS + INTERVAL_PARAMETERS + ECHO_HEAD_PARAMETERS + MELODY_HEAD_PARAMETERS + KEY_HEAD_PARAMETERS
     assert not unexpected and all(n.endswith(".shift") or n in added for n in missing), (missing, unexpected)
     with torch.no_grad():
         if widen_echo_head:  # the Repeat marks' table and each kind's start as the head's own: nothing changes
@@ -257,6 +266,9 @@ ECHO_HEAD_PARAMETERS, ECHO_HEAD_LR_SCALE = ("echo_head.weight",), 600.0
 # fraction of the bar each pitch class sounds, so its entries must reach several nats: at the
 # interval head's rate they had moved 0.3 in 60 steps, still growing in a straight line.
 MELODY_HEAD_PARAMETERS, MELODY_HEAD_LR_SCALE = ("melody_head.weight", "chord_head.weight"), 600.0
+# The key head's 12 weights a part each weigh log shares (a few nats apart): a weight near 1 sharpens
+# the scale by its own odds, so they must move by about one within a few hundred steps.
+KEY_HEAD_PARAMETERS, KEY_HEAD_LR_SCALE = ("key_head.weight",), 300.0
 
 
 def build_optimizer(model: Performer, lr: float, weight_decay: float, device: torch.device,
@@ -269,7 +281,8 @@ def build_optimizer(model: Performer, lr: float, weight_decay: float, device: to
     intervals = [p for n, p in model.named_parameters() if n in INTERVAL_PARAMETERS]
     melody_head = [p for n, p in model.named_parameters() if n in MELODY_HEAD_PARAMETERS]
     echo_head = [p for n, p in model.named_parameters() if n in ECHO_HEAD_PARAMETERS]
-    own = {id(p) for p in recall + intervals + echo_head + melody_head}
+    key_head = [p for n, p in model.named_parameters() if n in KEY_HEAD_PARAMETERS]
+    own = {id(p) for p in recall + intervals + echo_head + melody_head + key_head}
     decay, no_decay = ([p for p in group if id(p) not in own] for group in decay_groups(model))
     groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     if recall:
@@ -280,6 +293,8 @@ def build_optimizer(model: Performer, lr: float, weight_decay: float, device: to
         groups.append({"params": echo_head, "weight_decay": 0.0, "lr": lr * ECHO_HEAD_LR_SCALE})
     if melody_head:
         groups.append({"params": melody_head, "weight_decay": 0.0, "lr": lr * MELODY_HEAD_LR_SCALE})
+    if key_head:
+        groups.append({"params": key_head, "weight_decay": 0.0, "lr": lr * KEY_HEAD_LR_SCALE})
     return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.95), fused=device.type in ("cuda", "cpu"))
 
 
@@ -622,7 +637,8 @@ def model_config(run: Run, base_model: Performer | None, tokenizer: REMITokenize
                   **(echo_head_config(cfg.bar_echo, tokenizer) if cfg.echo_head else {}),
                   **({"repeat_marks": repeat_marks_config(tokenizer)} if cfg.bar_echo and cfg.repeats else {}),
                   **(melody_head_config(cfg.bar_echo, tokenizer) if cfg.melody_head else {}),
-                  **(bar_clock_config(tokenizer) if cfg.bar_clock else {})}
+                  **(bar_clock_config(tokenizer) if cfg.bar_clock else {}),
+                  **(key_head_config(tokenizer) if cfg.key_head else {})}
         extra = {"short_conv": cfg.short_conv} if cfg.short_conv >= 0 else {}
         extra.update({"dropout": cfg.dropout} if cfg.dropout >= 0 else {})
         return ModelConfig.preset(cfg.preset, vocab_size=len(tokenizer), **recall, pe=cfg.pe, gated=cfg.gated,
@@ -650,6 +666,8 @@ def model_config(run: Run, base_model: Performer | None, tokenizer: REMITokenize
     clock = bar_clock_config(tokenizer) if cfg.bar_clock else {}
     if clock and len(model_cfg.bar_clock) < len(clock["bar_clock"]):
         model_cfg = replace(model_cfg, **clock)  # added, or its melody or rest clock added
+    if cfg.key_head and not model_cfg.key_head:
+        model_cfg = replace(model_cfg, **key_head_config(tokenizer))
     if model_cfg.has_absolute_pe and cfg.seq_len > model_cfg.max_len:
         raise OptionError("{seq_len} {n} is past {model}'s absolute positions ({limit}); SPE models have no such "
                           "limit", n=cfg.seq_len, model=cfg.init_from, limit=model_cfg.max_len)
