@@ -150,7 +150,8 @@ POP_GOALS = {"bars_4_4": ("min", 0.9), "silence": ("ratio_max", 1.5), "beats_wit
 # the parts (models with parts): spemusic.music.metrics.part_summary; the melody against the real MELODY tracks
 PART_KEYS = ("melody_bars", "melody_mono", "melody_range", "melody_notes_per_bar", "melody_unison", "melody_steps",
              "melody_thirds", "melody_fourths_fifths", "melody_leaps", "bass_fourth_fifth", "velocity_spread",
-             "melody_on_top", "melody_clashes", "melody_entry", "melody_kept", "opening_notes_per_bar")
+             "melody_on_top", "melody_clashes", "melody_out_of_key", "accompaniment_out_of_key", "melody_entry",
+             "melody_kept", "opening_notes_per_bar")
 PART_GOALS = {"melody_bars": ("within", 0.10), "melody_mono": ("min", 0.95),
               **{k: ("within", 0.15) for k in PART_KEYS[2:10]}, "velocity_spread": ("within", 0.20)}
 ACCOMPANY_BARS = 16

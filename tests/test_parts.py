@@ -648,6 +648,10 @@ def test_part_summary_reads_the_songs_form_where_the_melody_enters_and_how_it_ke
     out = part_summary(PARTS_TOK.encode(path), PARTS_TOK)
     assert out["melody_entry"] == 3 and out["melody_kept"] == pytest.approx(4 / 5)
     assert out["opening_notes_per_bar"] == pytest.approx((4 * 3 + 1) / 4)
+    assert out["melody_out_of_key"] == 0 and out["accompaniment_out_of_key"] == 0  # C major, all of it
+    sharp = write_tracks(tmp_path / "s.mid", [("MELODY", 0, [*melody[:3], (73, 28, 2, 90)]), ("PIANO", 0, chords)])
+    out = part_summary(PARTS_TOK.encode(sharp), PARTS_TOK)
+    assert out["melody_out_of_key"] == pytest.approx(1 / 4) and out["accompaniment_out_of_key"] == 0  # a C#
     alone = write_tracks(tmp_path / "p.mid", [("PIANO", 0, chords)])
     out = part_summary(PARTS_TOK.encode(alone), PARTS_TOK)
     assert out["melody_entry"] == 8 and np.isnan(out["melody_kept"])
