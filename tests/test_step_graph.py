@@ -208,9 +208,9 @@ def test_the_melody_head_and_the_bar_clock_read_the_same_in_the_compiled_step_th
 
 
 def test_the_key_head_reads_the_same_in_the_compiled_step_the_eager_step_and_the_parallel_pass(song, step_cache):
-    """The key head's scores (each part's pitch by the pitch classes counted so far) on every path
-    alike, carried across the prompt's chunks; at zero, nothing; the counts only of the parts'
-    notes."""
+    """The key head's scores (each part's pitch, and each chord, by the pitch classes counted so
+    far) on every path alike, carried across the prompt's chunks; at zero, nothing; the counts only
+    of the parts' notes."""
     from spemusic.nn.recall import pitch_profile
     from spemusic.training.train import key_head_config, widened
 
@@ -222,10 +222,15 @@ def test_the_key_head_reads_the_same_in_the_compiled_step_the_eager_step_and_the
     with torch.no_grad():
         assert torch.equal(m(ids), base(ids))
         m.key_head.weight.normal_(0.0, 1.0)
+        m.key_chords.weight.normal_(0.0, 1.0)
         full = m(ids)
-    changed = (full - base(ids)).abs().amax(-1) > 0.1
+    lo, hi = tok.range("Pitch")
+    first, Q = m.cfg.key_chords
+    moved = (full - base(ids)).abs()
     is_part = torch.isin(ids, m.key_programs)
-    assert changed[is_part].float().mean() > 0.9 and not changed[~is_part].any()  # where a pitch comes next
+    pitches = moved[..., lo:hi].amax(-1) > 0.1
+    assert pitches[is_part].float().mean() > 0.9 and not pitches[~is_part].any()  # where a pitch comes next
+    assert (moved[..., first:first + 12 * Q].amax(-1) > 0.1)[0, 100:].all()  # the chords, once notes are counted
     compiled, eager, _, _ = _compiled_and_eager(m, ids, 2100)
     assert (compiled - full[:, 2100:]).abs().max().item() <= 1e-4
     assert (eager - full[:, 2100:]).abs().max().item() <= 1e-4

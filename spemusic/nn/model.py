@@ -137,7 +137,9 @@ class ModelConfig:
     # second table; with rest bars, since it last played, up to that many: a third)
     # (recall.bar_clock; the last rows also for a context that did not open on BOS). Key head:
     # the Program ids of the parts whose next Pitch is also scored by the pitch classes their
-    # notes have sounded so far (recall.pitch_profile), a table of 12 per part.
+    # notes have sounded so far (recall.pitch_profile), a table of 12 per part; `key_chords`
+    # [first Chord id, qualities]: each Chord id scored by the same profile read from its root (a
+    # table per quality).
     pitch_memory: list = field(default_factory=list)
     pitch_range: list = field(default_factory=lambda: [0, 0])
     bar_echo: list = field(default_factory=list)
@@ -154,6 +156,7 @@ class ModelConfig:
     melody_chords: list = field(default_factory=list)
     bar_clock: list = field(default_factory=list)
     key_head: list = field(default_factory=list)
+    key_chords: list = field(default_factory=list)
 
     def __post_init__(self):
         if self.attention not in ATTENTION_OPTIONS:
@@ -200,6 +203,11 @@ class ModelConfig:
                                 f"rest bars 1 … 64))], not {c!r}")
         if not ids_ok(self.key_head) or len(self.key_head) > 8:
             raise SpemusicError(f"model config: key_head must be at most 8 Program ids, not {self.key_head!r}")
+        c = self.key_chords
+        if c and not (self.key_head and isinstance(c, list) and len(c) == 2 and all(isinstance(i, int) for i in c)
+                      and 1 <= c[1] <= 16 and 0 <= c[0] and c[0] + 12 * c[1] <= self.vocab_size):
+            raise SpemusicError(f"model config: key_chords must be [first Chord id, qualities] on a model with a key "
+                                f"head, not {c!r}")
         lo_hi = self.pitch_range
         pitches_ok = ids_ok(lo_hi) and len(lo_hi) == 2 and lo_hi[1] - lo_hi[0] == 128
         if (self.pitch_memory or self.interval_head or self.melody_head or self.key_head) and not pitches_ok:
@@ -260,7 +268,8 @@ class ModelConfig:
         heads = (2 * len(self.interval_head) * (2 * self.interval_reach + 2)
                  + len(self.echo_head) * (self.echo_window + 1) * self.echo_tables * (len(self.echo_kinds) + 1)
                  + ((2 * len(self.melody_head) - 1) * (2 * self.interval_reach + 2) if self.melody_head else 0)
-                 + 12 * (self.melody_chords[1] if self.melody_chords else 0) + 12 * len(self.key_head))
+                 + 12 * (self.melody_chords[1] if self.melody_chords else 0) + 12 * len(self.key_head)
+                 + 12 * (self.key_chords[1] if self.key_chords else 0))
         return (self.vocab_size + recall) * d + heads + L * per_block + spe + absolute
 
     @property
@@ -597,6 +606,10 @@ class Performer(nn.Module):
             self.register_buffer("key_programs", torch.tensor(cfg.key_head), persistent=False)
             self.register_buffer("key_roots", (torch.arange(12)[:, None] + torch.arange(12)) % 12, persistent=False)
             self.register_buffer("pitch_classes", torch.arange(128) % 12, persistent=False)
+        self.key_chords: nn.Embedding | None = None
+        if cfg.key_chords:  # row q: quality q; column i: the profile's share of the pitch class i semitones above the root
+            self.key_chords = nn.Embedding(cfg.key_chords[1], 12)
+            nn.init.zeros_(self.key_chords.weight)
         if cfg.interval_head or cfg.melody_head:  # the Pitch ids' pitches, which both heads score intervals of
             self.register_buffer("pitches", torch.arange(128), persistent=False)
         self.drop = nn.Dropout(cfg.dropout)
@@ -724,6 +737,11 @@ class Performer(nn.Module):
             scores = key_scores(slot, profile, self.key_head.weight, self.key_roots, self.pitch_classes)
             logits = torch.cat([logits[..., :lo], logits[..., lo:lo + 128] + scores.to(logits.dtype),
                                 logits[..., lo + 128:]], -1)
+            if self.key_chords is not None:
+                first, Q = self.cfg.key_chords
+                scores = chord_scores(profile, self.key_roots, self.key_chords.weight)  # (…, 12 * Q)
+                logits = torch.cat([logits[..., :first], logits[..., first:first + 12 * Q] + scores.to(logits.dtype),
+                                    logits[..., first + 12 * Q:]], -1)
         return logits
 
     def add_melody(self, logits: torch.Tensor, melody) -> torch.Tensor:

@@ -241,6 +241,10 @@ def _head(x: torch.Tensor, iv: dict | None, eh: dict | None, mh: dict | None, kh
         lo = P["key_range"][0]
         scores = recall.key_scores(kh["slot"], kh["profile"], P["key_rows"], P["key_roots"], P["pitch_classes"])
         logits = torch.cat([logits[:, :lo], logits[:, lo:lo + 128] + scores, logits[:, lo + 128:]], 1)
+        if "key_chord_rows" in P:
+            first, Q = P["key_chords"]
+            scores = recall.chord_scores(kh["profile"], P["key_roots"], P["key_chord_rows"])
+            logits = torch.cat([logits[:, :first], logits[:, first:first + 12 * Q] + scores, logits[:, first + 12 * Q:]], 1)
     return logits, h
 
 
@@ -399,6 +403,8 @@ class StepGraph:
         if model.key_head is not None:
             P.update(key_programs=model.key_programs, key_range=tuple(cfg.pitch_range), key_roots=model.key_roots,
                      pitch_classes=model.pitch_classes, key_rows=detach(model.key_head.weight.float()))
+            if model.key_chords is not None:
+                P.update(key_chord_rows=detach(model.key_chords.weight.float()), key_chords=tuple(cfg.key_chords))
             carry = (state.recall or {}).get("key")
             if carry is None:
                 carry = torch.cat([torch.full((B, 1), -1), torch.zeros(B, 12)], 1).long()

@@ -175,10 +175,12 @@ def bar_clock_config(tokenizer: REMITokenizer) -> dict:
 
 def key_head_config(tokenizer: REMITokenizer) -> dict:
     """The model config fields of a key head (spemusic.nn.recall.pitch_profile): the parts'
-    pitches scored by the pitch classes the parts have sounded so far."""
+    pitches, and the chords (with chord tokens), scored by the pitch classes the parts have
+    sounded so far."""
     if not tokenizer.config.parts:
         raise OptionError("{key_head} needs parts in the tokens: add {parts}")
-    return {"key_head": [tokenizer.token_to_id[f"Program_{p}"] for p in PARTS],
+    chords = [tokenizer.range("Chord")[0], len(QUALITIES)] if tokenizer.config.chords else []
+    return {"key_head": [tokenizer.token_to_id[f"Program_{p}"] for p in PARTS], "key_chords": chords,
             "pitch_range": list(tokenizer.range("Pitch"))}
 
 
@@ -268,7 +270,7 @@ ECHO_HEAD_PARAMETERS, ECHO_HEAD_LR_SCALE = ("echo_head.weight",), 600.0
 MELODY_HEAD_PARAMETERS, MELODY_HEAD_LR_SCALE = ("melody_head.weight", "chord_head.weight"), 600.0
 # The key head's 12 weights a part each weigh log shares (a few nats apart): a weight near 1 sharpens
 # the scale by its own odds, so they must move by about one within a few hundred steps.
-KEY_HEAD_PARAMETERS, KEY_HEAD_LR_SCALE = ("key_head.weight",), 300.0
+KEY_HEAD_PARAMETERS, KEY_HEAD_LR_SCALE = ("key_head.weight", "key_chords.weight"), 300.0
 
 
 def build_optimizer(model: Performer, lr: float, weight_decay: float, device: torch.device,
@@ -666,7 +668,7 @@ def model_config(run: Run, base_model: Performer | None, tokenizer: REMITokenize
     clock = bar_clock_config(tokenizer) if cfg.bar_clock else {}
     if clock and len(model_cfg.bar_clock) < len(clock["bar_clock"]):
         model_cfg = replace(model_cfg, **clock)  # added, or its melody or rest clock added
-    if cfg.key_head and not model_cfg.key_head:
+    if cfg.key_head and (not model_cfg.key_head or tokenizer.config.chords and not model_cfg.key_chords):  # (or its chords)
         model_cfg = replace(model_cfg, **key_head_config(tokenizer))
     if model_cfg.has_absolute_pe and cfg.seq_len > model_cfg.max_len:
         raise OptionError("{seq_len} {n} is past {model}'s absolute positions ({limit}); SPE models have no such "
