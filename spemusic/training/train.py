@@ -207,7 +207,8 @@ def widened(model: Performer, cfg: ModelConfig) -> Performer:
     if widen_echo_head:
         state.pop("echo_head.weight")
     missing, unexpected = new.load_state_dict(state, strict=False)
-    added = RECALL_PARAMETERS + INTERVAL_PARAMETERS + ECHO_HEAD_PARAMETERS + MELODY_HEAD_PARAMETERS + KEY_HEAD_PARAMETERS
+    added = (RECALL_PARAMETERS + INTERVAL_PARAMETERS + ECHO_HEAD_PARAMETERS + MELODY_HEAD_PARAMETERS + KEY_HEAD_PARAMETERS
+             + KEY_CHORD_PARAMETERS)
     assert not unexpected and all(n.endswith(".shift") or n in added for n in missing), (missing, unexpected)
     with torch.no_grad():
         if widen_echo_head:  # the Repeat marks' table and each kind's start as the head's own: nothing changes
@@ -270,7 +271,10 @@ ECHO_HEAD_PARAMETERS, ECHO_HEAD_LR_SCALE = ("echo_head.weight",), 600.0
 MELODY_HEAD_PARAMETERS, MELODY_HEAD_LR_SCALE = ("melody_head.weight", "chord_head.weight"), 600.0
 # The key head's 12 weights a part each weigh log shares (a few nats apart): a weight near 1 sharpens
 # the scale by its own odds, so they must move by about one within a few hundred steps.
-KEY_HEAD_PARAMETERS, KEY_HEAD_LR_SCALE = ("key_head.weight", "key_chords.weight"), 300.0
+KEY_HEAD_PARAMETERS, KEY_HEAD_LR_SCALE = ("key_head.weight",), 300.0
+# Its chord table is read by the chords alone, one token in 80: at the pitches' rate it had moved
+# 0.05-0.09 in 100 steps, where a few tenths separate the chords of the key from the others.
+KEY_CHORD_PARAMETERS, KEY_CHORD_LR_SCALE = ("key_chords.weight",), 3000.0
 
 
 def build_optimizer(model: Performer, lr: float, weight_decay: float, device: torch.device,
@@ -284,7 +288,8 @@ def build_optimizer(model: Performer, lr: float, weight_decay: float, device: to
     melody_head = [p for n, p in model.named_parameters() if n in MELODY_HEAD_PARAMETERS]
     echo_head = [p for n, p in model.named_parameters() if n in ECHO_HEAD_PARAMETERS]
     key_head = [p for n, p in model.named_parameters() if n in KEY_HEAD_PARAMETERS]
-    own = {id(p) for p in recall + intervals + echo_head + melody_head + key_head}
+    key_chords = [p for n, p in model.named_parameters() if n in KEY_CHORD_PARAMETERS]
+    own = {id(p) for p in recall + intervals + echo_head + melody_head + key_head + key_chords}
     decay, no_decay = ([p for p in group if id(p) not in own] for group in decay_groups(model))
     groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     if recall:
@@ -297,6 +302,8 @@ def build_optimizer(model: Performer, lr: float, weight_decay: float, device: to
         groups.append({"params": melody_head, "weight_decay": 0.0, "lr": lr * MELODY_HEAD_LR_SCALE})
     if key_head:
         groups.append({"params": key_head, "weight_decay": 0.0, "lr": lr * KEY_HEAD_LR_SCALE})
+    if key_chords:
+        groups.append({"params": key_chords, "weight_decay": 0.0, "lr": lr * KEY_CHORD_LR_SCALE})
     return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.95), fused=device.type in ("cuda", "cpu"))
 
 
