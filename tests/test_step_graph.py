@@ -79,6 +79,18 @@ def _compiled_and_eager(m, ids: torch.Tensor, prompt: int) -> tuple:
     return _stepped(graph, state, ids[:, prompt:]), _stepped(m.step, eager_state, ids[:, prompt:]), state, eager_state
 
 
+def _assert_every_path_agrees(m, ids: torch.Tensor, full: torch.Tensor) -> None:
+    """The compiled and the eager step after a 2,100-token prompt, and the compiled step from
+    scratch (its first token opens every carry, as the parallel pass's does), give the parallel
+    pass's logits `full` within 1e-4."""
+    compiled, eager, _, _ = _compiled_and_eager(m, ids, 2100)
+    assert (compiled - full[:, 2100:]).abs().max().item() <= 1e-4
+    assert (eager - full[:, 2100:]).abs().max().item() <= 1e-4
+    state = m.init_state(1)
+    graph = StepGraph.of(m, state)
+    assert (_stepped(graph, state, ids[:, :300]) - full[:, :300]).abs().max().item() <= 1e-4
+
+
 def test_the_compiled_step_is_the_eager_step_on_a_real_song(song, step_cache):
     """Past a prompt longer than the bar echo's context (so bars leave it as the song goes on),
     300 tokens one at a time give the eager step's logits and the parallel pass's, in fp32."""
@@ -198,13 +210,7 @@ def test_the_melody_head_and_the_bar_clock_read_the_same_in_the_compiled_step_th
         m.rest_clock.weight.normal_(0.0, 0.5)
         full = m(ids)
     assert ((full - base(ids)).abs().amax(-1) > 0.1).sum() > 500  # the accompaniment's notes and chords
-    compiled, eager, _, _ = _compiled_and_eager(m, ids, 2100)
-    assert (compiled - full[:, 2100:]).abs().max().item() <= 1e-4
-    assert (eager - full[:, 2100:]).abs().max().item() <= 1e-4
-    # from scratch: the compiled step's first token opens the clock, as the parallel pass's does
-    state = m.init_state(1)
-    graph = StepGraph.of(m, state)
-    assert (_stepped(graph, state, ids[:, :300]) - full[:, :300]).abs().max().item() <= 1e-4
+    _assert_every_path_agrees(m, ids, full)
 
 
 def test_the_key_head_reads_the_same_in_the_compiled_step_the_eager_step_and_the_parallel_pass(song, step_cache):
@@ -231,14 +237,8 @@ def test_the_key_head_reads_the_same_in_the_compiled_step_the_eager_step_and_the
     pitches = moved[..., lo:hi].amax(-1) > 0.1
     assert pitches[is_part].float().mean() > 0.9 and not pitches[~is_part].any()  # where a pitch comes next
     assert (moved[..., first:first + 12 * Q].amax(-1) > 0.1)[0, 100:].all()  # the chords, once notes are counted
-    compiled, eager, _, _ = _compiled_and_eager(m, ids, 2100)
-    assert (compiled - full[:, 2100:]).abs().max().item() <= 1e-4
-    assert (eager - full[:, 2100:]).abs().max().item() <= 1e-4
-    state = m.init_state(1)
-    graph = StepGraph.of(m, state)
-    assert (_stepped(graph, state, ids[:, :300]) - full[:, :300]).abs().max().item() <= 1e-4
+    _assert_every_path_agrees(m, ids, full)
     # the counts: every note of the parts, by pitch class, as the song's own pitches give them
-    lo, _ = tok.range("Pitch")
     _, profile, carry = pitch_profile(ids, None, m.key_programs, m.cfg.pitch_range)
     notes = ids[0, 1:][is_part[0, :-1]] - lo
     assert torch.equal(carry[0, 1:], torch.bincount(notes % 12, minlength=12))
